@@ -1,0 +1,59 @@
+"""The one place where configs become objects. Everything past this module takes typed arguments."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
+from volt.data.classification import ImageClassificationDataModule
+from volt.models.classifier import Classifier
+from volt.optimization import apply_compile
+
+
+@dataclass
+class TrainingObjects:
+    datamodule: ImageClassificationDataModule
+    model: Classifier
+    trainer: pl.Trainer
+
+
+def build_datamodule(data: DictConfig, **overrides: Any) -> ImageClassificationDataModule:
+    return instantiate(data, **overrides)
+
+
+def build_model(model: DictConfig, datamodule: ImageClassificationDataModule) -> Classifier:
+    # Shapes come from the data module, not from the config, so one model config fits every data set.
+    net = instantiate(
+        model.net, in_shape=datamodule.input_shape, num_classes=datamodule.num_classes
+    )
+    return instantiate(model, net=net, num_classes=datamodule.num_classes)
+
+
+def build_callbacks(callbacks: DictConfig | None) -> list[Callback]:
+    """Named entries (`model_checkpoint: {...}`); an entry set to null is switched off."""
+    if not callbacks:
+        return []
+    return [instantiate(c) for c in callbacks.values() if c is not None]
+
+
+def build_loggers(loggers: DictConfig | None) -> list[Logger]:
+    if not loggers:
+        return []
+    return [instantiate(c) for c in loggers.values() if c is not None]
+
+
+def build_training(cfg: DictConfig) -> TrainingObjects:
+    datamodule = build_datamodule(cfg.data)
+    model = build_model(cfg.model, datamodule)
+    apply_compile(model.net, cfg.compile.mode, cfg.compile.fullgraph, cfg.compile.dynamic)
+    callbacks = build_callbacks(cfg.get("callbacks"))
+    # Store the resolved config in every checkpoint: `volt.eval` rebuilds the run from it alone.
+    callbacks.append(ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
+    loggers = build_loggers(cfg.get("logger"))
+    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    return TrainingObjects(datamodule, model, trainer)

@@ -1,0 +1,18 @@
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+CHECKPOINT_KEY = "volt_config"
+
+
+class ConfigInCheckpoint(Callback):
+    """Writes the run's resolved config (plain dicts and lists only) into every checkpoint."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.config

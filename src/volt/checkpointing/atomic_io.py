@@ -1,0 +1,186 @@
+"""Checkpoint files that survive a kill at any instant, and a resume lookup that skips damaged ones.
+
+Lightning's own TorchCheckpointIO stages each file in the system temp directory and moves it
+over the target. When that directory is on another filesystem than the checkpoints (a local /tmp,
+checkpoints on NFS or Lustre) the move is a plain copy onto the target, so a kill mid-copy leaves
+a truncated checkpoint; and nothing is fsynced, so a power loss can leave an empty one.
+"""
+
+import os
+import re
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+# Temporaries are named for the writer (host, pid) so a later save can tell a killed writer's
+# leftovers from a live writer's file in progress, even with another job sharing the directory.
+# The name leaves out the target's name on purpose: Lightning's SLURM auto-resume takes the
+# highest number from every file in default_root_dir whose name contains "hpc_ckpt_", so a
+# leftover ".hpc_ckpt_3.ckpt.tmp-..." would send it after a checkpoint that does not exist.
+# Starting with "." and not ending in ".ckpt", temporaries match neither a `*.ckpt` glob nor
+# Lightning's `last*.ckpt` lookup for ckpt_path="last".
+_TEMP_PREFIX = ".volt-ckpt-tmp-"
+_TEMP_NAME = re.compile(re.escape(_TEMP_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
+# the names Lightning's ModelCheckpoint gives its save_last file: last.ckpt, last-v1.ckpt, ...
+_LAST_STEM = re.compile(r"last(-v\d+)?")
+
+
+class CheckpointLoadError(RuntimeError):
+    """A checkpoint file exists but does not load: truncated, damaged, or not a checkpoint."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Saves through a temporary file in the target's directory, fsynced, then renamed into place.
+
+    A kill at any instant leaves the previous file or the new one under the target name, never a
+    partial one. Loads use `torch.load(weights_only=True)` unless the caller asks otherwise, and a
+    file that does not load raises `CheckpointLoadError` naming it. Local paths only.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        if os.name != "posix":
+            raise RuntimeError(
+                f"AtomicCheckpointIO needs POSIX rename and directory fsync (os.name={os.name!r}); "
+                "remove it from trainer.plugins to use Lightning's default TorchCheckpointIO"
+            )
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                f"AtomicCheckpointIO takes no storage_options, got {storage_options!r}; "
+                "call Trainer.save_checkpoint without it"
+            )
+        target = _local_path(path)
+        directory = target.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        _remove_dead_writers_temporaries(directory)
+        temp = directory / _temp_name()
+        # O_EXCL: never write into a file that already exists. Mode 0o666 lets the umask decide
+        # the permissions, as for any other file the run creates.
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                # without this the rename can reach the disk before the data does, and a power
+                # loss leaves an empty file under the target name
+                os.fsync(file.fileno())
+            os.replace(temp, target)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        # makes the rename itself survive a power loss; a killed process needs only os.replace
+        _fsync_directory(directory)
+
+    def load_checkpoint(
+        self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        # Lightning passes weights_only=None unless the user set it: volt's checkpoints hold only
+        # tensors and plain values, so None means True here.
+        return _load(_local_path(path), map_location, weights_only is not False)
+
+
+def find_latest_valid_checkpoint(
+    directory: Path, pattern: str = "*.ckpt"
+) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The checkpoint to resume from in `directory`, and the (file, reason) pairs passed over.
+
+    `last.ckpt` (or Lightning's `last-vN.ckpt`) comes first, newest first, then every other match
+    newest first: ModelCheckpoint rewrites last.ckpt after each save and at the end of training,
+    while its top-k files are kept for their score, not their age. Times are those of the
+    directory entries, so a `save_last="link"` symlink counts from when it was made.
+
+    Each candidate is loaded onto the meta device: that parses the whole file (zip directory,
+    pickled structure) but reads no tensor bytes, so a truncated or foreign file is caught in
+    milliseconds even for a checkpoint of many GB. A missing directory gives (None, []).
+    """
+    if not directory.is_dir():
+        return None, []
+    candidates = sorted(
+        directory.glob(pattern),
+        key=lambda path: (_LAST_STEM.fullmatch(path.stem) is not None, path.lstat().st_mtime),
+        reverse=True,
+    )
+    skipped: list[tuple[Path, str]] = []
+    for path in candidates:
+        try:
+            _load(path, map_location="meta", weights_only=True)
+        except (CheckpointLoadError, FileNotFoundError) as err:  # FileNotFoundError: dangling link
+            skipped.append((path, str(err)))
+            continue
+        return path, skipped
+    return None, skipped
+
+
+def _load(path: Path, map_location: Any, weights_only: bool) -> dict[str, Any]:
+    if not path.exists():
+        raise FileNotFoundError(f"Checkpoint file not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only)
+    except Exception as err:
+        # torch.load reports damage through whatever its parser tripped on: RuntimeError (no zip
+        # central directory: truncated), EOFError (empty file), OSError, KeyError or
+        # UnpicklingError (garbage); no type is specific to damage, so every failure is reported.
+        raise CheckpointLoadError(
+            f"Cannot load checkpoint {path} ({path.stat().st_size} bytes): "
+            f"{type(err).__name__}: {err}\nThe file is truncated or damaged (e.g. its writer was "
+            f"killed mid-save), is not a torch checkpoint, or holds objects that "
+            f"torch.load(weights_only={weights_only}) refuses."
+        ) from err
+    if not isinstance(checkpoint, dict):
+        raise CheckpointLoadError(
+            f"Cannot load checkpoint {path}: it holds a {type(checkpoint).__name__}, not the dict "
+            "a checkpoint is"
+        )
+    return checkpoint
+
+
+def _local_path(path: str | Path) -> Path:
+    if "://" in str(path):
+        raise ValueError(
+            f"AtomicCheckpointIO reads and writes local files only, got {str(path)!r}; for remote "
+            "storage remove it from trainer.plugins to use Lightning's TorchCheckpointIO (fsspec)"
+        )
+    return Path(path)
+
+
+def _temp_name() -> str:
+    # the token keeps two saves of one process (e.g. AsyncCheckpointIO's thread) apart
+    return f"{_TEMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _remove_dead_writers_temporaries(directory: Path) -> None:
+    """Delete temporaries left in `directory` by writers on this host that no longer run."""
+    host = socket.gethostname()
+    for entry in directory.iterdir():
+        match = _TEMP_NAME.fullmatch(entry.name)
+        # another host's pid means nothing here; our own pid may be another thread's save
+        if match is None or match["host"] != host or int(match["pid"]) == os.getpid():
+            continue
+        if not _process_alive(int(match["pid"])):
+            entry.unlink(missing_ok=True)  # missing_ok: another writer may clean up too
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0 sends nothing: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,150 @@
+"""Checks a composed config before anything is started: each problem becomes one line that names
+the key, the bad value, what is allowed and what to type instead."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+class ConfigError(ValueError):
+    """A config value volt cannot run with; str(error) is the whole message for the user."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    key: str
+    check: Callable[[Any], bool]
+    allowed: str
+    example: str
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def one_of(*values: Any) -> Callable[[Any], bool]:
+    return lambda v: v in values
+
+
+RULES = (
+    Rule(
+        "precision", one_of(*PRECISIONS), "one of " + ", ".join(PRECISIONS), "precision=bf16-mixed"
+    ),
+    Rule(
+        "seed",
+        lambda v: v is None or (_is_int(v) and v >= 0),
+        "a non-negative integer or null",
+        "seed=42",
+    ),
+    Rule(
+        "data.batch_size",
+        lambda v: _is_int(v) and v > 0,
+        "a positive integer",
+        "data.batch_size=64",
+    ),
+    Rule(
+        "data.num_workers", lambda v: _is_int(v) and v >= 0, "an integer >= 0", "data.num_workers=4"
+    ),
+    Rule(
+        "data.val_fraction",
+        lambda v: _is_number(v) and 0 < v < 1,
+        "a number between 0 and 1",
+        "data.val_fraction=0.1",
+    ),
+    Rule(
+        "trainer.accelerator",
+        one_of(*ACCELERATORS),
+        "one of " + ", ".join(ACCELERATORS),
+        "trainer=gpu",
+    ),
+    Rule(
+        "trainer.max_epochs",
+        lambda v: _is_int(v) and v >= -1,
+        "an integer >= 1 (or -1: no limit)",
+        "trainer.max_epochs=20",
+    ),
+    Rule(
+        "trainer.num_nodes",
+        lambda v: _is_int(v) and v >= 1,
+        "a positive integer",
+        "trainer.num_nodes=1",
+    ),
+    Rule(
+        "model.optimizer.lr",
+        lambda v: _is_number(v) and v > 0,
+        "a positive number",
+        "model.optimizer.lr=1e-3",
+    ),
+    Rule(
+        "compile.mode",
+        one_of(*COMPILE_MODES),
+        "compile=off|default|reduce-overhead|max-autotune",
+        "compile=default",
+    ),
+    Rule(
+        "compile.fullgraph",
+        lambda v: isinstance(v, bool),
+        "true or false",
+        "compile.fullgraph=true",
+    ),
+)
+
+
+def _value(cfg: DictConfig, key: str) -> Any:
+    try:
+        return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{key}: {error.msg if hasattr(error, 'msg') else error}") from error
+
+
+_ABSENT = object()
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first bad value. Keys absent from this config are not checked."""
+    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # Hydra checks its own
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(
+            f"{missing[0]} has no value (???): set it on the command line, e.g. {missing[0]}=..."
+        )
+    for rule in RULES:
+        value = _value(cfg, rule.key)
+        if value is _ABSENT:
+            continue
+        if not rule.check(value):
+            raise ConfigError(
+                f"{rule.key}={value!r} is not valid: use {rule.allowed} (e.g. {rule.example})"
+            )
+
+
+def check_resolves(cfg: DictConfig) -> None:
+    """Every interpolation resolves (run inside a job, where Hydra's runtime values exist)."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {getattr(error, 'msg', error)}") from error
+
+
+def check_machine(cfg: DictConfig) -> None:
+    """The requested accelerator exists here (Lightning would fail later, with a traceback)."""
+    import torch
+
+    accelerator = OmegaConf.select(cfg, "trainer.accelerator")
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"trainer.accelerator={accelerator!r} but no CUDA GPU is visible here "
+            "(torch.cuda.is_available() is False): use trainer=cpu, or trainer.accelerator=auto"
+        )

@@ -1,0 +1,68 @@
+"""What volt prints: the config tree at start, one line naming the hardware set-up, the result."""
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.tree import Tree
+
+log = logging.getLogger("volt")
+FIRST_GROUPS = ("data", "model", "trainer", "compile", "callbacks", "logger")
+
+
+def route_lightning_logs() -> None:
+    """Send Lightning's messages through the run's handlers (console and log file).
+
+    Lightning attaches its own stream handler at import when the root logger has none yet, which
+    is always the case before Hydra configures logging, so its lines would miss the log file.
+    """
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+
+
+@rank_zero_only
+def print_config_tree(cfg: DictConfig, save_to: Path | None = None) -> None:
+    tree = Tree("config", style="dim")
+    keys = [k for k in FIRST_GROUPS if k in cfg] + [k for k in cfg if k not in FIRST_GROUPS]
+    for key in keys:
+        value = cfg[key]
+        text = (
+            OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
+        )
+        tree.add(f"[bold]{key}[/bold]").add(Syntax(text, "yaml", theme="ansi_dark"))
+    Console().print(tree)
+    if save_to is not None:
+        with save_to.open("w") as f:
+            Console(file=f, width=120).print(tree)
+
+
+def describe_setup(trainer: pl.Trainer, compile_mode: str | None) -> str:
+    device = trainer.strategy.root_device
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    return (
+        f"accelerator={type(trainer.accelerator).__name__.removesuffix('Accelerator').lower()} "
+        f"({where}) devices={trainer.num_devices} nodes={trainer.num_nodes} "
+        f"precision={trainer.precision} strategy={type(trainer.strategy).__name__} "
+        f"compile={compile_mode or 'off'}"
+    )
+
+
+@rank_zero_only
+def print_result(metrics: Mapping[str, float], run_dir: Path) -> None:
+    table = Table(title="Result")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in sorted(metrics.items()):
+        table.add_row(name, f"{value:.4f}")
+    console = Console()
+    console.print(table)
+    console.print(f"Run directory: [bold]{run_dir}[/bold]")

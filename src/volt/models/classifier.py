@@ -1,0 +1,103 @@
+"""The classification task: loss, metrics and optimisers around any net that maps images to logits."""
+
+from collections.abc import Callable, Iterator
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.types import OptimizerLRScheduler
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+OptimizerFactory = Callable[[Iterator[nn.Parameter]], Optimizer]
+SchedulerFactory = Callable[[Optimizer], LRScheduler]
+Batch = tuple[Tensor, Tensor]
+
+
+class Classifier(pl.LightningModule):
+    """Cross-entropy classification.
+
+    `optimizer` and `scheduler` are partials (Hydra's `_partial_: true`) completed here with the
+    parameters. Only plain values go into hparams, so checkpoints load with weights_only=True.
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        num_classes: int,
+        optimizer: OptimizerFactory,
+        scheduler: SchedulerFactory | None = None,
+        scheduler_interval: str = "epoch",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
+        self.net = net
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = scheduler
+        self.scheduler_interval = scheduler_interval
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        self.train_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # Epoch means of the loss, reduced over all processes when torchmetrics syncs.
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def on_train_start(self) -> None:
+        # The sanity-check batches before training must not count towards the best accuracy.
+        self.val_acc.reset()
+        self.val_loss.reset()
+        self.val_acc_best.reset()
+
+    def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self.criterion(logits, y)
+        self.train_acc(logits, y)
+        # Per-step loss of this process (no cross-rank sync: that would cost a collective a step).
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.val_loss(self.criterion(logits, y))
+        self.val_acc(logits, y)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        # val_acc.compute() is already reduced over processes, so every rank logs the same value.
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        x, y = batch
+        logits = self(x)
+        self.test_loss(self.criterion(logits, y))
+        self.test_acc(logits, y)
+        self.log("test/loss", self.test_loss, on_step=False, on_epoch=True)
+        self.log("test/acc", self.test_acc, on_step=False, on_epoch=True)
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
+        x, y = batch
+        probs = torch.softmax(self(x).float(), dim=-1)
+        return {"pred": probs.argmax(-1), "prob": probs.max(-1).values, "target": y}
+
+    def configure_optimizers(self) -> OptimizerLRScheduler:
+        optimizer = self.optimizer_factory(self.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval},
+        }

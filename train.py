@@ -1,0 +1,3 @@
+from volt.train import main
+
+main()
