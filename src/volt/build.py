@@ -5,11 +5,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
+from volt.checkpointing import AtomicCheckpointIO
 from volt.data.classification import ImageClassificationDataModule
 from volt.models.classifier import Classifier
 from volt.optimization import apply_compile
@@ -27,7 +28,7 @@ def build_datamodule(data: DictConfig, **overrides: Any) -> ImageClassificationD
 
 
 def build_model(model: DictConfig, datamodule: ImageClassificationDataModule) -> Classifier:
-    # Shapes come from the data module, not from the config, so one model config fits every data set.
+    # Shapes come from the data module, not the config: one model config fits every data set.
     net = instantiate(
         model.net, in_shape=datamodule.input_shape, num_classes=datamodule.num_classes
     )
@@ -47,6 +48,23 @@ def build_loggers(loggers: DictConfig | None) -> list[Logger]:
     return [instantiate(c) for c in loggers.values() if c is not None]
 
 
+def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:
+    """Data and model as the checkpoint's run had them; trainer, batch size and root from `cfg`."""
+    overrides = {k: v for k, v in (("batch_size", cfg.batch_size), ("root", cfg.data_root)) if v}
+    datamodule = build_datamodule(stored.data, **overrides)
+    model = build_model(stored.model, datamodule)
+    trainer = pl.Trainer(
+        accelerator=cfg.accelerator,
+        devices=1,
+        precision=cfg.precision or stored.precision,
+        logger=CSVLogger(cfg.paths.output_dir, name="csv", version=""),
+        callbacks=[RichProgressBar(leave=False)],
+        enable_checkpointing=False,
+        default_root_dir=cfg.paths.output_dir,
+    )
+    return TrainingObjects(datamodule, model, trainer)
+
+
 def build_training(cfg: DictConfig) -> TrainingObjects:
     datamodule = build_datamodule(cfg.data)
     model = build_model(cfg.model, datamodule)
@@ -55,5 +73,8 @@ def build_training(cfg: DictConfig) -> TrainingObjects:
     # Store the resolved config in every checkpoint: `volt.eval` rebuilds the run from it alone.
     callbacks.append(ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
     loggers = build_loggers(cfg.get("logger"))
-    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    # Checkpoints are written to a temporary file and renamed: a kill never leaves a torn one.
+    trainer: pl.Trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+    )
     return TrainingObjects(datamodule, model, trainer)

@@ -33,7 +33,7 @@ def route_lightning_logs() -> None:
 def print_config_tree(cfg: DictConfig, save_to: Path | None = None) -> None:
     tree = Tree("config", style="dim")
     keys = [k for k in FIRST_GROUPS if k in cfg] + [k for k in cfg if k not in FIRST_GROUPS]
-    for key in keys:
+    for key in map(str, keys):
         value = cfg[key]
         text = (
             OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)

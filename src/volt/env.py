@@ -17,7 +17,7 @@ from typing import Any
 import lightning
 import torch
 from rich import box
-from rich.console import Console, RenderableType
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -115,13 +115,15 @@ def headline(report: dict[str, Any]) -> str:
         cores = report["cpu_usable"] or report["cpu_count"]
         return " | ".join([*parts, f"no CUDA GPU (CPU only, {cores} cores)"])
     kinds = Counter(
-        f"{gpu['name']} (sm_{gpu['compute_capability'].replace('.', '')}, "
-        f"{gpu['total_bytes'] / _GIB:.1f} GiB)"
-        for gpu in gpus
+        f"{gpu['name']} ({_arch(gpu)}, {gpu['total_bytes'] / _GIB:.1f} GiB)" for gpu in gpus
     )
     parts.append(" + ".join(f"{count} x {kind}" for kind, count in kinds.items()))
     parts.append(f"bf16 {_yes_no(all(gpu['bf16'] for gpu in gpus))}")
     return " | ".join(parts)
+
+
+def _arch(gpu: dict[str, Any]) -> str:
+    return "sm_" + gpu["compute_capability"].replace(".", "")
 
 
 def _yes_no(flag: bool) -> str:
@@ -141,48 +143,48 @@ _SOFTWARE_ROWS = {
 }
 
 
-def _renderables(report: dict[str, Any]) -> list[RenderableType]:
-    # Text() keeps rich from reading "[...]" in GPU names or error messages as markup.
-    shown: list[RenderableType] = [Text(headline(report))]
+def _print_report(console: Console, report: dict[str, Any]) -> None:
+    # markup=False: "[...]" in GPU names or error messages is text, not rich markup;
+    # soft_wrap: the headline stays one greppable line however narrow the terminal.
+    console.print(headline(report), soft_wrap=True, markup=False, highlight=False)
     software = Table(box=box.SIMPLE_HEAD, show_header=False, title="Software and host")
     for label, key in _SOFTWARE_ROWS.items():
         software.add_row(label, "-" if report[key] is None else str(report[key]))
-    shown.append(software)
+    console.print(software)
     gpus = report["gpus"]
     if not gpus:
-        return [*shown, Text(f"No CUDA GPU visible: {report['no_gpu_reason']}.")]
+        reason = f"No CUDA GPU visible: {report['no_gpu_reason']}."
+        console.print(reason, soft_wrap=True, markup=False, highlight=False)
+        return
 
     devices = Table(box=box.SIMPLE_HEAD, title="GPUs")
-    for column in ["#", "name", "capability", "SMs", "total GiB", "free GiB", "bf16", "TF32"]:
-        devices.add_column(column)
+    for column in ["#", "name", "arch", "SMs", "total GiB", "free GiB", "bf16", "TF32"]:
+        devices.add_column(column, no_wrap=column == "name")
     for gpu in gpus:
         devices.add_row(
             str(gpu["index"]),
             Text(gpu["name"]),
-            gpu["compute_capability"],
+            _arch(gpu),
             str(gpu["sm_count"]),
             f"{gpu['total_bytes'] / _GIB:.1f}",
             f"{gpu['free_bytes'] / _GIB:.1f}",
             _yes_no(gpu["bf16"]),
             _yes_no(gpu["tf32"]),
         )
-    shown.append(devices)
+    console.print(devices)
     if len(gpus) > 1:
-        peers = Table(box=box.SIMPLE_HEAD, title="Peer access (row GPU reads column GPU)")
-        for column in ["", *(str(gpu["index"]) for gpu in gpus)]:
+        peers = Table(box=box.SIMPLE_HEAD, title="Peer access")
+        for column in ["from \\ to", *(str(gpu["index"]) for gpu in gpus)]:
             peers.add_column(column)
         for index, row in enumerate(report["peer_access"]):
             peers.add_row(str(index), *("-" if ok is None else _yes_no(ok) for ok in row))
-        shown.append(peers)
-    return shown
+        console.print(peers)
 
 
 def format_device_report(report: dict[str, Any]) -> str:
     """The report as plain multi-line text (no colour codes), as `python -m volt.env` shows it."""
     buffer = io.StringIO()
-    console = Console(file=buffer, width=100, color_system=None, force_terminal=False)
-    for renderable in _renderables(report):
-        console.print(renderable)
+    _print_report(Console(file=buffer, width=100, color_system=None, force_terminal=False), report)
     return buffer.getvalue()
 
 
@@ -213,9 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    console = Console()
-    for renderable in _renderables(report):
-        console.print(renderable)
+    _print_report(Console(), report)
 
 
 if __name__ == "__main__":

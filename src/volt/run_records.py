@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import Logger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -48,7 +48,11 @@ def log_final_hparams(
     """One hparams record per run, written after test so it carries real results."""
     params = flat_hparams(cfg)
     for logger in loggers:
-        logger.log_hyperparams(params, metrics=dict(metrics))  # type: ignore[call-arg]
+        if isinstance(logger, TensorBoardLogger):
+            # TensorBoard links hparams to metrics in one record; the hparams tab shows both.
+            logger.log_hyperparams(params, metrics=dict(metrics))
+        else:
+            logger.log_hyperparams(params)
         logger.save()
 
 

@@ -34,16 +34,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
     run.trainer.fit(run.model, datamodule=run.datamodule)
     metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items() if k.startswith("val/")}
 
+    # Test the best checkpoint when one was kept, else the weights as they are now.
+    best = getattr(run.trainer.checkpoint_callback, "best_model_path", "")
     if cfg.test and not run.trainer.interrupted:
-        # Test the best checkpoint when one was kept, else the weights as they are now.
-        best = run.trainer.checkpoint_callback and run.trainer.checkpoint_callback.best_model_path
         for result in run.trainer.test(
             run.model, datamodule=run.datamodule, ckpt_path=best or None
         ):
             metrics.update({k: float(v) for k, v in result.items()})
 
     log_final_hparams(run.trainer.loggers, cfg, metrics)
-    write_metrics(run_dir, metrics, best_checkpoint=str(best or ""))
+    write_metrics(run_dir, metrics, best_checkpoint=best)
     print_result(metrics, run_dir)
     return metrics
 

@@ -1,6 +1,8 @@
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 
 CHECKPOINT_KEY = "volt_config"
@@ -16,3 +18,11 @@ class ConfigInCheckpoint(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         checkpoint[CHECKPOINT_KEY] = self.config
+
+
+def read_stored_config(path: Path) -> dict[str, Any]:
+    """The config a volt checkpoint was trained with (loaded with weights_only=True)."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if CHECKPOINT_KEY not in checkpoint:
+        raise KeyError(f"{path} holds no '{CHECKPOINT_KEY}': it was not written by volt's training")
+    return checkpoint[CHECKPOINT_KEY]

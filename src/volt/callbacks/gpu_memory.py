@@ -22,7 +22,7 @@ class GPUMemoryMonitor(Callback):
     """Logs each training GPU's memory every few steps; prints each one's peak when training ends.
 
     Metrics, in GiB: `gpu_mem/<device>_allocated_gib` (live tensors), `..._reserved_gib` (held
-    by PyTorch's caching allocator, what `nvidia-smi` shows minus the CUDA context) and
+    by PyTorch's caching allocator: roughly what `nvidia-smi` shows, less the CUDA context) and
     `..._peak_allocated_gib` (high-water mark since the current training epoch began).
     `<device>` is `cuda<i>` when one process drives the GPUs, and `rank<r>` under multi-process
     strategies such as DDP, because local device indices repeat from node to node.
@@ -50,6 +50,7 @@ class GPUMemoryMonitor(Callback):
             return
         self._devices = self._cuda_devices(trainer)
         self._fit_peaks = {device.index: (0, 0) for device in self._devices}
+        self._summary = []
         if not self._devices and trainer.is_global_zero:
             log.info(
                 "GPUMemoryMonitor is inactive: training runs on %s, not on a CUDA device.",
@@ -137,8 +138,8 @@ class GPUMemoryMonitor(Callback):
                 (f"cuda{device.index}", row)
                 for device, row in zip(self._devices, rows, strict=True)
             ]
-        # Loggers write from rank 0 only, so every rank sends its row there. Every rank calls
-        # this at the same step (the same step test), as a collective requires.
+        # Loggers write from rank 0 only, so it needs every rank's row. All ranks reach this call
+        # at the same batch (they share the step count), as a collective requires.
         local = torch.tensor(rows, dtype=torch.int64, device=pl_module.device)  # (1, stats)
         gathered = trainer.strategy.all_gather(local)  # (world, 1, stats)
         return [(f"rank{rank}", ranks_rows[0]) for rank, ranks_rows in enumerate(gathered.tolist())]

@@ -152,7 +152,7 @@ def _local_path(path: str | Path) -> Path:
 
 
 def _temp_name() -> str:
-    # the token keeps two saves of one process (e.g. AsyncCheckpointIO's thread) apart
+    # the token keeps apart two saves that one process runs at once, from two threads
     return f"{_TEMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 

@@ -1,4 +1,4 @@
-"""Hydra hooks: refuse a bad config before Hydra makes any directory, summarise a sweep at its end."""
+"""Hydra hooks: refuse a bad config before any directory exists; summarise a sweep at its end."""
 
 import logging
 import os

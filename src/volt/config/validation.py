@@ -3,9 +3,10 @@ the key, the bad value, what is allowed and what to type instead."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
@@ -37,7 +38,7 @@ def one_of(*values: Any) -> Callable[[Any], bool]:
     return lambda v: v in values
 
 
-RULES = (
+TRAIN_RULES = (
     Rule(
         "precision", one_of(*PRECISIONS), "one of " + ", ".join(PRECISIONS), "precision=bf16-mixed"
     ),
@@ -101,6 +102,33 @@ RULES = (
 )
 
 
+EVAL_RULES = (
+    Rule(
+        "ckpt_path",
+        lambda v: Path(str(v)).is_file(),
+        "an existing checkpoint file",
+        "ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt",
+    ),
+    Rule("mode", one_of("test", "predict"), "test or predict", "mode=predict"),
+    Rule(
+        "precision",
+        one_of(None, *PRECISIONS),
+        "null (as trained) or one of " + ", ".join(PRECISIONS),
+        "precision=32-true",
+    ),
+    Rule(
+        "accelerator", one_of(*ACCELERATORS), "one of " + ", ".join(ACCELERATORS), "accelerator=cpu"
+    ),
+    Rule(
+        "batch_size",
+        lambda v: v is None or (_is_int(v) and v > 0),
+        "null or a positive integer",
+        "batch_size=256",
+    ),
+)
+RULES = {"train": TRAIN_RULES, "eval": EVAL_RULES}
+
+
 def _value(cfg: DictConfig, key: str) -> Any:
     try:
         return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True)
@@ -111,15 +139,30 @@ def _value(cfg: DictConfig, key: str) -> Any:
 _ABSENT = object()
 
 
+def _missing_keys(node: DictConfig | ListConfig, prefix: str = "") -> list[str]:
+    """Keys set to ???, found without resolving interpolations (some need Hydra's runtime)."""
+    keys: list[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
+    missing = []
+    for key in keys:
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if OmegaConf.is_missing(node, key):
+            missing.append(name)
+        elif not OmegaConf.is_interpolation(node, key):
+            child = node._get_node(key)
+            if isinstance(child, DictConfig | ListConfig):
+                missing += _missing_keys(child, name)
+    return missing
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError for the first bad value. Keys absent from this config are not checked."""
-    cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # Hydra checks its own
-    missing = sorted(OmegaConf.missing_keys(cfg))
+    cfg = OmegaConf.masked_copy(cfg, [str(k) for k in cfg if k != "hydra"])  # Hydra checks its own
+    missing = _missing_keys(cfg)
     if missing:
         raise ConfigError(
             f"{missing[0]} has no value (???): set it on the command line, e.g. {missing[0]}=..."
         )
-    for rule in RULES:
+    for rule in RULES[cfg.get("task_name", "train")]:
         value = _value(cfg, rule.key)
         if value is _ABSENT:
             continue
@@ -142,7 +185,7 @@ def check_machine(cfg: DictConfig) -> None:
     """The requested accelerator exists here (Lightning would fail later, with a traceback)."""
     import torch
 
-    accelerator = OmegaConf.select(cfg, "trainer.accelerator")
+    accelerator = OmegaConf.select(cfg, "trainer.accelerator") or cfg.get("accelerator")
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigError(
             f"trainer.accelerator={accelerator!r} but no CUDA GPU is visible here "

@@ -1,4 +1,4 @@
-"""The classification task: loss, metrics and optimisers around any net that maps images to logits."""
+"""The classification task: loss, metrics and optimisers around a net that maps images to logits."""
 
 from collections.abc import Callable, Iterator
 

@@ -35,6 +35,11 @@ class ResNet(nn.Module):
         blocks_per_stage: list[int],
     ) -> None:
         super().__init__()
+        if not widths:
+            raise ValueError(
+                "model.net.widths is empty; give at least one stage, "
+                "e.g. model.net.widths=[64] model.net.blocks_per_stage=[2]"
+            )
         if len(widths) != len(blocks_per_stage):
             raise ValueError(
                 f"model.net.widths has {len(widths)} stages but model.net.blocks_per_stage has "

@@ -1,0 +1,66 @@
+"""Shared fixtures: compose volt's real configs the way `python train.py` does, into a temp dir."""
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+from volt.config import CONF_DIR, PROJECT_ROOT
+
+
+@pytest.fixture
+def fast() -> list[str]:
+    """Overrides that keep a test run small and quiet: few epochs, no progress-bar redraws."""
+    return ["trainer.max_epochs=2", "callbacks.progress_bar=null", "callbacks.model_summary=null"]
+
+
+@pytest.fixture
+def compose_config(tmp_path: Path) -> Callable[..., DictConfig]:
+    """compose_config("train", ["model=cnn"]) -> the config a job would get, run dir in tmp_path."""
+
+    def _compose(config_name: str = "train", overrides: list[str] | None = None) -> DictConfig:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose(
+                config_name,
+                overrides=[f"paths.outputs_dir={tmp_path / 'outputs'}", *(overrides or [])],
+                return_hydra_config=True,
+            )
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(exist_ok=True)
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(run_dir)
+            cfg.hydra.job.name = config_name
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return cfg
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def run_volt(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """run_volt(["model=cnn"]) runs `python train.py ...` as a user would, outputs in tmp_path;
+    module="volt.eval" runs `python -m volt.eval ...` instead."""
+
+    def _run(
+        args: list[str], module: str | None = None, timeout: float = 240
+    ) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", module] if module else [sys.executable, "train.py"]
+        return subprocess.run(
+            [*command, *args, f"paths.outputs_dir={tmp_path / 'outputs'}"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return _run

@@ -1,0 +1,84 @@
+"""The commands a user types, run as subprocesses: the default run, a multirun, bad input."""
+
+import csv
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def only_dir(parent: Path) -> Path:
+    children = [p for p in parent.iterdir() if p.is_dir()]
+    assert len(children) == 1, children
+    return children[0]
+
+
+def test_default_run_reaches_97_percent(run_volt: Run, tmp_path: Path) -> None:
+    result = run_volt([])
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    assert metrics["test/acc"] >= 0.97
+    assert f"Run directory: {run_dir}" in result.stdout.replace("\n", "")
+    assert "accelerator=cpu (CPU) devices=1" in result.stdout.replace("\n", " ")
+    assert (run_dir / "train.log").read_text().count("Seed set to 42") == 1
+    assert (run_dir / ".hydra" / "overrides.yaml").is_file()
+
+
+def test_multirun_has_one_directory_per_job_and_a_summary(run_volt: Run, tmp_path: Path) -> None:
+    result = run_volt(
+        [
+            "-m",
+            "model.optimizer.lr=1e-3,1e-2",
+            "data.batch_size=32,64",
+            "trainer.max_epochs=1",
+            "callbacks.progress_bar=null",
+            "callbacks.model_summary=null",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = only_dir(tmp_path / "outputs" / "train" / "multiruns")
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    # <job number>_<the job's overrides>: a person can tell the jobs apart by name
+    assert [j.split("_", 1)[0] for j in jobs] == ["0", "1", "2", "3"]
+    assert "data.batch_size=32" in jobs[0] and "model.optimizer.lr=0.001" in jobs[0]
+    assert "data.batch_size=64" in jobs[3] and "model.optimizer.lr=0.01" in jobs[3]
+    with (sweep / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["job"] for r in rows] == ["0", "1", "2", "3"]
+    assert {r["data.batch_size"] for r in rows} == {"32", "64"}
+    assert all(r["status"] == "completed" and float(r["test/acc"]) > 0.5 for r in rows)
+    for job in jobs:
+        assert (sweep / job / "tensorboard").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("nonexistent_key=1", "Could not override 'nonexistent_key'"),
+        ("model=nonexistent", "Could not find 'model/nonexistent'"),
+        ("data.batch_size=many", "data.batch_size='many' is not valid: use a positive integer"),
+        ("precision=16", "precision=16 is not valid: use one of 64-true, 32-true, 16-mixed"),
+        ("trainer=gpu", "no CUDA GPU is visible"),
+        ("compile=fast", "Could not find 'compile/fast'"),
+    ],
+)
+def test_bad_override_fails_early_and_clearly(
+    override: str, message: str, run_volt: Run, tmp_path: Path
+) -> None:
+    result = run_volt([override], timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "outputs").exists()  # refused before any directory was made
+
+
+def test_eval_of_missing_checkpoint_is_one_clear_line(run_volt: Run, tmp_path: Path) -> None:
+    result = run_volt(["ckpt_path=nowhere.ckpt"], module="volt.eval", timeout=60)
+    assert result.returncode == 2
+    assert "ckpt_path='nowhere.ckpt' is not valid: use an existing checkpoint file" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,79 @@
+"""A real (short) training run on CPU, its checkpoint, its evaluation and its TensorBoard events."""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import DictConfig
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from volt.eval import evaluate
+from volt.train import train
+
+
+@pytest.fixture
+def trained(compose_config: Callable[..., DictConfig], fast: list[str]) -> tuple[Path, dict]:
+    cfg = compose_config("train", [*fast, "trainer.max_epochs=3", "logger=many"])
+    metrics = train(cfg)
+    return Path(cfg.paths.output_dir), metrics
+
+
+def test_run_directory_holds_the_run(trained: tuple[Path, dict]) -> None:
+    run_dir, metrics = trained
+    assert metrics["test/acc"] > 0.9
+    assert {"val/acc", "val/acc_best", "test/loss"} <= metrics.keys()
+    record = json.loads((run_dir / "metrics.json").read_text())
+    assert record["metrics"] == pytest.approx(metrics)
+    assert (run_dir / "config_resolved.yaml").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert len(list((run_dir / "checkpoints").glob("epoch*.ckpt"))) == 1
+
+
+def test_checkpoints_load_with_weights_only(trained: tuple[Path, dict]) -> None:
+    run_dir, _ = trained
+    for path in (run_dir / "checkpoints").glob("*.ckpt"):
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        assert any(k.startswith("net.") for k in checkpoint["state_dict"])
+        assert checkpoint["volt_config"]["model"]["net"]["_target_"] == "volt.nets.mlp.MLP"
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["epoch"] == 2  # rewritten after every epoch, not only when the best changes
+
+
+def test_eval_reproduces_test_metrics_exactly(
+    trained: tuple[Path, dict], compose_config: Callable[..., DictConfig]
+) -> None:
+    run_dir, metrics = trained
+    best = json.loads((run_dir / "metrics.json").read_text())["best_checkpoint"]
+    cfg = compose_config("eval", [f"ckpt_path={best}", "mode=predict"])
+    evaluated = evaluate(cfg)
+    assert evaluated["test/acc"] == metrics["test/acc"]
+    assert evaluated["test/loss"] == metrics["test/loss"]
+    rows = (Path(cfg.paths.output_dir) / "predictions.csv").read_text().splitlines()
+    assert rows[0] == "index,prediction,probability,target"
+    correct = sum(r.split(",")[1] == r.split(",")[3] for r in rows[1:])
+    assert correct / (len(rows) - 1) == pytest.approx(metrics["test/acc"])
+
+
+def test_tensorboard_has_scalars_and_final_hparams(trained: tuple[Path, dict]) -> None:
+    run_dir, metrics = trained
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/acc", "val/acc", "val/loss", "val/acc_best", "test/acc"} <= scalars
+    assert any(t.startswith("lr-") for t in scalars)
+    # The hparams plugin's session record lists the run's real final metrics.
+    plugin = events.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in plugin
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    start = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/session_start_info"])
+    assert start.session_start_info.hparams["model.optimizer.lr"].number_value == pytest.approx(
+        0.003
+    )
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(plugin["_hparams_/experiment"])
+    tags = {m.name.tag for m in experiment.experiment.metric_infos}
+    assert {"test/acc", "val/acc_best"} <= tags
+    test_acc = events.Scalars("test/acc")
+    assert test_acc[-1].value == pytest.approx(metrics["test/acc"])
