@@ -121,10 +121,10 @@ def test_format_shows_every_gpu_and_the_peer_matrix() -> None:
 def test_save_writes_json_and_text(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "first"
 
-    json_path = save_device_report(run_dir)
+    report = save_device_report(run_dir)
 
-    assert json_path == run_dir / "device.json"
-    saved = json.loads(json_path.read_text())
+    saved = json.loads((run_dir / "device.json").read_text())
+    assert saved == report
     assert saved["torch"] == torch.__version__
     assert len(saved["gpus"]) == torch.cuda.device_count()
     assert (run_dir / "device.txt").read_text() == format_device_report(saved)

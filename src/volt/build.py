@@ -12,8 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from volt.checkpointing import AtomicCheckpointIO
 from volt.data.classification import ImageClassificationDataModule
+from volt.gpu import apply_compile
 from volt.models.classifier import Classifier
-from volt.optimization import apply_compile
 
 
 @dataclass

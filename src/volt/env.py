@@ -188,23 +188,28 @@ def format_device_report(report: dict[str, Any]) -> str:
     return buffer.getvalue()
 
 
-def save_device_report(run_dir: Path) -> Path:
-    """Write `device.json` and `device.txt` into `run_dir`; return the path of `device.json`."""
-    # Collect in a child process: measuring free memory opens a CUDA context on every visible
-    # GPU, which the training process would otherwise keep (eating memory on other ranks' GPUs)
-    # and which makes fork-based launchers (ddp_fork) refuse to start.
+def save_device_report(run_dir: Path) -> dict[str, Any]:
+    """Write `device.json` and `device.txt` into `run_dir`; return the report."""
+    report = collect_device_report() if torch.cuda.device_count() == 0 else _report_from_child()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    json_path = run_dir / "device.json"
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    (run_dir / "device.txt").write_text(format_device_report(report))
+    return report
+
+
+def _report_from_child() -> dict[str, Any]:
+    # With GPUs, collect in a child process: measuring free memory opens a CUDA context on every
+    # visible GPU, which the training process would otherwise keep (eating memory on other ranks'
+    # GPUs) and which makes fork-based launchers (ddp_fork) refuse to start.
     command = [sys.executable, "-m", "volt.env", "--json"]
     child = subprocess.run(command, capture_output=True, text=True)
     if child.returncode != 0:
         raise RuntimeError(
             f"`{' '.join(command)}` exited with {child.returncode}; its stderr:\n{child.stderr}"
         )
-    report = json.loads(child.stdout)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    json_path = run_dir / "device.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
-    (run_dir / "device.txt").write_text(format_device_report(report))
-    return json_path
+    report: dict[str, Any] = json.loads(child.stdout)
+    return report
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,43 +5,70 @@ from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
+import torch
 from omegaconf import DictConfig
 
-from volt.build import build_training
+from volt.build import TrainingObjects, build_training
 from volt.config import CONF_DIR
 from volt.config.hydra_callbacks import exit_on_config_error, in_multirun
 from volt.config.validation import ConfigError, check_config, check_machine, check_resolves
 from volt.console import describe_setup, print_config_tree, print_result, route_lightning_logs
+from volt.env import headline, save_device_report
+from volt.gpu import apply_matmul_precision, explain_oom
 from volt.run_records import log_final_hparams, save_resolved_config, write_metrics
+from volt.tuning import find_batch_size, find_learning_rate
 
 log = logging.getLogger("volt")
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit and test one run; returns its final metrics (validation best and test)."""
+class TrainingOutOfMemoryError(RuntimeError):
+    """CUDA ran out of memory; str(error) says what to change."""
+
+
+def prepare_run(cfg: DictConfig, run_dir: Path) -> None:
+    """Everything before the objects exist: checks, records, seeds, global torch settings."""
     check_config(cfg)
     check_resolves(cfg)
     check_machine(cfg)
     route_lightning_logs()
-    run_dir = Path(cfg.paths.output_dir)
     save_resolved_config(cfg, run_dir)
     print_config_tree(cfg, save_to=run_dir / "config_tree.txt")
+    if pl.utilities.rank_zero_only.rank == 0:
+        report = save_device_report(run_dir)
+        log.info(headline(report))
+    matmul = apply_matmul_precision(cfg.matmul_precision)
+    log.info("float32 matmul precision: %s", matmul)
     if cfg.seed is not None:
         pl.seed_everything(cfg.seed, workers=True)
 
+
+def fit_and_test(run: TrainingObjects, test: bool) -> tuple[dict[str, float], str]:
+    """Fit, then test the best checkpoint (or the final weights when none was kept)."""
+    try:
+        run.trainer.fit(run.model, datamodule=run.datamodule)
+    except torch.OutOfMemoryError as error:
+        device = run.trainer.strategy.root_device
+        raise TrainingOutOfMemoryError(explain_oom(run.datamodule.batch_size, device)) from error
+    metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items() if k.startswith("val/")}
+    best = getattr(run.trainer.checkpoint_callback, "best_model_path", "")
+    if test and not run.trainer.interrupted:
+        results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=best or None)
+        for result in results:
+            metrics.update({k: float(v) for k, v in result.items()})
+    return metrics, best
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """One run; returns its final metrics (validation and test)."""
+    run_dir = Path(cfg.paths.output_dir)
+    prepare_run(cfg, run_dir)
     run = build_training(cfg)
     log.info(describe_setup(run.trainer, cfg.compile.mode))
-    run.trainer.fit(run.model, datamodule=run.datamodule)
-    metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items() if k.startswith("val/")}
-
-    # Test the best checkpoint when one was kept, else the weights as they are now.
-    best = getattr(run.trainer.checkpoint_callback, "best_model_path", "")
-    if cfg.test and not run.trainer.interrupted:
-        for result in run.trainer.test(
-            run.model, datamodule=run.datamodule, ckpt_path=best or None
-        ):
-            metrics.update({k: float(v) for k, v in result.items()})
-
+    if cfg.tune == "batch_size":
+        find_batch_size(run.trainer, run.model, run.datamodule)
+    elif cfg.tune == "lr":
+        find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
+    metrics, best = fit_and_test(run, cfg.test)
     log_final_hparams(run.trainer.loggers, cfg, metrics)
     write_metrics(run_dir, metrics, best_checkpoint=best)
     print_result(metrics, run_dir)
@@ -52,7 +79,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
-    except ConfigError as error:
+    except (ConfigError, TrainingOutOfMemoryError) as error:
         if in_multirun():
             raise  # fail this job only; the sweep goes on and its summary lists the failure
         exit_on_config_error(error)

@@ -17,11 +17,12 @@ from volt.config.validation import ConfigError, check_config, check_machine
 log = logging.getLogger(__name__)
 
 
-def exit_on_config_error(error: ConfigError) -> None:
+def exit_on_config_error(error: Exception) -> None:
     """One line, no traceback (set VOLT_TRACEBACK=1 for it), exit status 2."""
     if os.environ.get("VOLT_TRACEBACK"):
         raise error
-    print(f"volt: config error: {error}", file=sys.stderr)
+    kind = "config error" if isinstance(error, ConfigError) else "error"
+    print(f"volt: {kind}: {error}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -38,7 +39,7 @@ class VoltCallback(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         # Hydra keeps a failed sweep job's exception to itself; say which job failed and why.
-        if job_return.status == JobStatus.FAILED:
+        if job_return.status == JobStatus.FAILED and in_multirun():
             error = job_return._return_value
             job = OmegaConf.select(config, "hydra.job.num", default="")
             log.error("job %s failed: %s: %s", job, type(error).__name__, error)

@@ -99,6 +99,13 @@ TRAIN_RULES = (
         "true or false",
         "compile.fullgraph=true",
     ),
+    Rule(
+        "matmul_precision",
+        one_of(None, "highest", "high", "medium"),
+        "null (auto), highest, high or medium",
+        "matmul_precision=high",
+    ),
+    Rule("tune", one_of(None, "batch_size", "lr"), "null, batch_size or lr", "tune=lr"),
 )
 
 
@@ -190,4 +197,12 @@ def check_machine(cfg: DictConfig) -> None:
         raise ConfigError(
             f"trainer.accelerator={accelerator!r} but no CUDA GPU is visible here "
             "(torch.cuda.is_available() is False): use trainer=cpu, or trainer.accelerator=auto"
+        )
+    precision = str(cfg.get("precision"))
+    on_gpu = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+    if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name()
+        raise ConfigError(
+            f"precision={precision} but {name} has no bfloat16 support: "
+            "use precision=16-mixed (with gradient scaling) or precision=32-true"
         )

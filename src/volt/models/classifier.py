@@ -31,6 +31,7 @@ class Classifier(pl.LightningModule):
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: str = "epoch",
         label_smoothing: float = 0.0,
+        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
@@ -38,6 +39,10 @@ class Classifier(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
+        # NHWC layout: convolutions on tensor cores run without transposes (weights and inputs).
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         self.train_acc = MulticlassAccuracy(num_classes, average="micro")
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -48,7 +53,7 @@ class Classifier(pl.LightningModule):
         self.val_acc_best = MaxMetric()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        return self.net(x.contiguous(memory_format=self.memory_format))  # (B, C, H, W) -> (B, K)
 
     def on_train_start(self) -> None:
         # The sanity-check batches before training must not count towards the best accuracy.

@@ -1,0 +1,40 @@
+"""`tune=batch_size` and `tune=lr`: Lightning's finders, run before fit, results kept in the run dir."""
+
+import functools
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+from lightning.pytorch.tuner import Tuner
+
+from volt.data.classification import ImageClassificationDataModule
+from volt.models.classifier import Classifier
+
+log = logging.getLogger("volt")
+
+
+def find_batch_size(
+    trainer: pl.Trainer, model: Classifier, datamodule: ImageClassificationDataModule
+) -> int:
+    """Double the batch until it no longer fits (or the data runs out), then keep the largest that
+    did; sets datamodule.batch_size."""
+    found = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, mode="power")
+    log.info("batch-size finder: data.batch_size=%s fits", found)
+    return int(found or datamodule.batch_size)
+
+
+def find_learning_rate(
+    trainer: pl.Trainer, model: Classifier, datamodule: ImageClassificationDataModule, run_dir: Path
+) -> float:
+    """Sweep the learning rate over a short run, take Lightning's suggestion, plot to lr_find.png."""
+    finder = Tuner(trainer).lr_find(model, datamodule=datamodule, update_attr=False)
+    if finder is None or finder.suggestion() is None:
+        raise RuntimeError("the learning-rate finder found no suggestion; run without tune=lr")
+    lr = float(finder.suggestion())
+    figure = finder.plot(suggest=True)
+    figure.savefig(run_dir / "lr_find.png")  # type: ignore[union-attr]
+    model.optimizer_factory = functools.partial(model.optimizer_factory, lr=lr)
+    log.info(
+        "learning-rate finder: model.optimizer.lr=%.3g (plot: %s)", lr, run_dir / "lr_find.png"
+    )
+    return lr
