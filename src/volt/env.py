@@ -190,7 +190,10 @@ def format_device_report(report: dict[str, Any]) -> str:
 
 def save_device_report(run_dir: Path) -> dict[str, Any]:
     """Write `device.json` and `device.txt` into `run_dir`; return the report."""
-    report = collect_device_report() if torch.cuda.device_count() == 0 else _report_from_child()
+    # One GPU or none: this process opens that GPU's context anyway, so collect here (a child
+    # costs ~10 s of imports). Several: a child, so this process keeps no context on the others.
+    in_process = torch.cuda.device_count() <= 1
+    report = collect_device_report() if in_process else _report_from_child()
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / "device.json"
     json_path.write_text(json.dumps(report, indent=2) + "\n")

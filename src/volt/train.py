@@ -16,6 +16,7 @@ from volt.console import describe_setup, print_config_tree, print_result, route_
 from volt.env import headline, save_device_report
 from volt.gpu import apply_matmul_precision, explain_oom
 from volt.run_records import log_final_hparams, save_resolved_config, write_metrics
+from volt.strategies.ddp import ranks_end_with_run
 from volt.tuning import find_batch_size, find_learning_rate
 
 log = logging.getLogger("volt")
@@ -68,7 +69,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         find_batch_size(run.trainer, run.model, run.datamodule)
     elif cfg.tune == "lr":
         find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
-    metrics, best = fit_and_test(run, cfg.test)
+    with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
+        metrics, best = fit_and_test(run, cfg.test)
     log_final_hparams(run.trainer.loggers, cfg, metrics)
     write_metrics(run_dir, metrics, best_checkpoint=best)
     print_result(metrics, run_dir)

@@ -1,0 +1,275 @@
+"""DDP whose extra ranks start from the run's resolved config instead of the command line.
+
+Lightning's DDP launcher starts ranks 1..N-1 by running `sys.argv` again. Under Hydra that runs
+Hydra again: inside `-m`, every rank starts a sweep of its own (a sweep directory each; Optuna
+samples different parameters per rank). Here rank 0 is still the job's own process, but the other
+ranks of this node run `python -m volt.strategies.rank_entry <run dir>/config_resolved.yaml RANK`:
+the config this job resolved before building its Trainer, trained by the same `volt.train.train`.
+They make no directory and write nothing but their own log, `<run dir>/train_rank<RANK>.log`.
+
+A run's ranks live exactly as long as the run (`ranks_end_with_run`): after it, rank 0 waits for
+them, closes its process group and restores the environment, so the next job of a sweep starts
+clean; if it raised, the ranks are killed first.
+
+When a rank fails, Lightning's observer kills the other ranks at once and then kills rank 0 too,
+which would end a whole sweep. Here rank 0 gets `RANK_ZERO_GRACE_S` to end the run itself: under
+gloo its next collective fails at once ("Connection closed by peer"), the run raises, and a sweep
+goes on with its next job. NCCL collectives wait for a dead peer until their timeout instead, and
+neither backend notices a rank that dies before joining the process group; rank 0 is then killed
+after the grace period, as Lightning does.
+
+Under torchrun or SLURM's srun the ranks exist already and nothing is launched (Lightning asks its
+cluster environment, as its own DDP does).
+"""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+log = logging.getLogger(__name__)
+
+# After another rank failed: how long rank 0 has to end the run by itself before it is killed.
+RANK_ZERO_GRACE_S = 20
+# After rank 0's run raised: how long the other ranks have to exit on their own before the kill.
+CRASHED_RANK_EXIT_S = 5
+# After rank 0 ended the run well: how long the other ranks may take to exit.
+RANK_EXIT_TIMEOUT_S = 60
+# Set by the launcher in rank 0 for the process group; restored when the run ends.
+_RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def rank_log_file(run_dir: Path, rank: int) -> Path:
+    """Where rank `rank` (> 0) logs: next to rank 0's `train.log`."""
+    return run_dir / f"train_rank{rank}.log"
+
+
+class RankFailedError(RuntimeError):
+    """Another rank of the run exited with an error; its own traceback is in its log."""
+
+
+class DDPStrategy(LightningDDPStrategy):
+    """Lightning's DDPStrategy, with ranks started from `rank_config` (see the module docstring).
+
+    `rank_config` is the run's resolved config (`volt.train.train` writes it before building the
+    Trainer). On the CPU, where SyncBatchNorm cannot run, `sync_batchnorm` is switched off.
+    Other keyword arguments go to Lightning's DDPStrategy (e.g. `find_unused_parameters`).
+    """
+
+    def __init__(self, rank_config: str | Path, **ddp_kwargs: Any) -> None:
+        super().__init__(start_method="popen", **ddp_kwargs)
+        self.rank_config = Path(rank_config)
+
+    @override
+    def _configure_launcher(self) -> None:
+        # Lightning calls this once, when the Trainer has given the strategy its devices.
+        assert self.cluster_environment is not None
+        self._fall_back_to_cpu()
+        self._launcher = _RunConfigLauncher(
+            self.cluster_environment, self.num_processes, self.num_nodes, self.rank_config
+        )
+
+    def _fall_back_to_cpu(self) -> None:
+        assert self.parallel_devices is not None
+        if self.parallel_devices[0].type != "cpu":
+            return
+        reason = "accelerator=cpu" if torch.cuda.is_available() else "no GPU visible"
+        note = ""
+        if self._layer_sync is not None:
+            # torch's SyncBatchNorm refuses CPU tensors; each process keeps its own statistics.
+            self._layer_sync = None
+            note = "; sync_batchnorm off: SyncBatchNorm needs CUDA"
+        rank_zero_info(
+            f"DDP on the CPU ({reason}): {self.num_nodes * self.num_processes} processes over"
+            f" gloo{note}"
+        )
+
+
+class _RunConfigLauncher(_SubprocessScriptLauncher):
+    """Starts ranks 1..N-1 of this node from the run's config file, once per run."""
+
+    def __init__(
+        self,
+        cluster_environment: ClusterEnvironment,
+        num_processes: int,
+        num_nodes: int,
+        rank_config: Path,
+    ) -> None:
+        super().__init__(cluster_environment, num_processes, num_nodes)
+        self.rank_config = rank_config
+        self._observer: _RankObserver | None = None
+        self._run_ended = threading.Event()
+        self._environment_before = {k: os.environ.get(k) for k in _RENDEZVOUS_VARIABLES}
+
+    @override
+    def launch(
+        self, function: Callable, *args: Any, trainer: pl.Trainer | None = None, **kwargs: Any
+    ) -> Any:
+        self.cluster_environment.validate_settings(
+            num_devices=self.num_processes, num_nodes=self.num_nodes
+        )
+        # fit and test of one run share its ranks: they start with the first stage.
+        if self._observer is None and not self.cluster_environment.creates_processes_externally:
+            self._start_ranks()
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
+
+    def _start_ranks(self) -> None:
+        if not self.rank_config.is_file():
+            raise FileNotFoundError(
+                f"DDP starts its ranks from the run's resolved config, but {self.rank_config} does"
+                " not exist: volt.train.train writes it before building the Trainer; a Trainer"
+                " built elsewhere must write it first (OmegaConf.save(cfg, path, resolve=True))."
+            )
+        environment = self.cluster_environment
+        node_rank = environment.node_rank()
+        shared = {
+            **os.environ,
+            "MASTER_ADDR": environment.main_address,
+            "MASTER_PORT": str(environment.main_port),
+            "NODE_RANK": str(node_rank),
+            "WORLD_SIZE": str(self.num_processes * self.num_nodes),
+        }
+        for local_rank in range(1, self.num_processes):
+            rank = node_rank * self.num_processes + local_rank
+            command = [
+                sys.executable,
+                "-m",
+                "volt.strategies.rank_entry",
+                str(self.rank_config),
+                str(rank),
+            ]
+            self.procs.append(
+                subprocess.Popen(command, env={**shared, "LOCAL_RANK": str(local_rank)})
+            )
+            log.info("Started rank %d (pid %d) from %s", rank, self.procs[-1].pid, self.rank_config)
+        self._observer = _RankObserver(os.getpid(), self.procs, self._run_ended)
+        self._observer.start()
+
+    def wait_for_ranks(self) -> None:
+        """After rank 0 ended the run well: the other ranks finish on their own; wait for them."""
+        self._run_ended.set()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=RANK_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._release_rendezvous()
+        failed = self._ranks_that_failed(self.procs)
+        if failed:
+            raise RankFailedError(self._describe(failed))
+
+    def stop_ranks(self) -> str | None:
+        """After rank 0's run raised: stop the other ranks; say which of them failed first, if any.
+
+        A rank whose crash broke rank 0's collective may still be exiting: it gets a moment to
+        finish, so that its own exit code, not the kill, tells what happened. The others wait on
+        rank 0 in a collective, where only SIGKILL reaches them.
+        """
+        self._run_ended.set()
+        deadline = time.monotonic() + CRASHED_RANK_EXIT_S
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._release_rendezvous()
+        crashed = {
+            rank: proc
+            for rank, proc in self._ranks_that_failed(self.procs).items()
+            if proc.returncode != -signal.SIGKILL
+        }
+        return self._describe(crashed) if crashed else None
+
+    def _ranks_that_failed(self, procs: list[subprocess.Popen]) -> dict[int, subprocess.Popen]:
+        node_rank = self.cluster_environment.node_rank()
+        return {
+            node_rank * self.num_processes + local_rank: proc
+            for local_rank, proc in enumerate(procs, start=1)
+            if proc.returncode
+        }
+
+    def _describe(self, failed: dict[int, subprocess.Popen]) -> str:
+        run_dir = self.rank_config.parent
+        return "; ".join(
+            f"rank {rank} of {self.num_processes * self.num_nodes} exited with code"
+            f" {proc.returncode} (its error is above, and in {rank_log_file(run_dir, rank)})"
+            for rank, proc in failed.items()
+        )
+
+    def _release_rendezvous(self) -> None:
+        # The next job of a sweep runs in this process: it must find no process group and no
+        # address or port of this one.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for key, value in self._environment_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class _RankObserver(_ChildProcessObserver):
+    """Lightning's watcher of the ranks it started, but rank 0 may end the run itself first."""
+
+    def __init__(
+        self, main_pid: int, child_processes: list[subprocess.Popen], run_ended: threading.Event
+    ) -> None:
+        super().__init__(main_pid, child_processes, sleep_period=1)
+        self._run_ended = run_ended
+
+    @override
+    def _run(self) -> bool:
+        # Once rank 0 ends the run, it waits for or stops the ranks itself.
+        return self._run_ended.is_set() or super()._run()
+
+    @override
+    def _terminate_all(self) -> None:
+        for proc in self._child_processes:
+            proc.send_signal(self._termination_signal)
+        if self._run_ended.wait(RANK_ZERO_GRACE_S):
+            return
+        log.error(
+            "A rank failed and rank 0 did not end the run within %d s (it waits in a collective"
+            " or in the rendezvous): killing it.",
+            RANK_ZERO_GRACE_S,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(self._main_pid, self._termination_signal)
+
+
+@contextmanager
+def ranks_end_with_run(trainer: pl.Trainer) -> Iterator[None]:
+    """The ranks `trainer` starts inside this block end with it; see the module docstring."""
+    launcher = trainer.strategy.launcher
+    if not isinstance(launcher, _RunConfigLauncher):
+        yield
+        return
+    try:
+        yield
+    except BaseException as error:
+        crashed = launcher.stop_ranks()
+        if crashed:
+            raise RankFailedError(crashed) from error
+        raise
+    launcher.wait_for_ranks()

@@ -1,0 +1,53 @@
+"""`python -m volt.strategies.rank_entry CONFIG RANK`: one of the extra ranks of a DDP run.
+
+The launcher in `volt.strategies.ddp` starts it with Lightning's variables set (LOCAL_RANK,
+NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). CONFIG is the run's resolved config, so this
+process trains exactly what rank 0 trains, with the same `volt.train.train`. No Hydra runs here:
+no run directory of its own, and nothing written but `<run dir>/train_rank<RANK>.log`.
+"""
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from volt.strategies.ddp import rank_log_file
+from volt.train import train
+
+log = logging.getLogger("volt")
+
+
+def configure_logging(log_file: Path, rank: int) -> None:
+    """Everything to the rank's own file; warnings and errors also to stderr, marked with the rank.
+
+    Rank 0 already shows the run's progress on the console; a copy per rank would only repeat it.
+    """
+    to_file = logging.FileHandler(log_file)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    to_console = logging.StreamHandler(sys.stderr)
+    to_console.setLevel(logging.WARNING)
+    to_console.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[to_file, to_console], force=True)
+
+
+def main() -> None:
+    config_file, rank = Path(sys.argv[1]), int(sys.argv[2])
+    cfg = OmegaConf.load(config_file)
+    assert isinstance(cfg, DictConfig), f"{config_file} holds a list, not a run's config"
+    configure_logging(rank_log_file(config_file.parent, rank), rank)
+    log.info("Rank %d trains %s", rank, config_file)
+    try:
+        train(cfg)
+    except Exception:
+        # Logged rather than left to the interpreter so that the rank's own log holds it too. Then
+        # out at once: rank 0 reads this exit code to tell what broke the run, and a failed rank
+        # has nothing to save, so the interpreter's slow teardown would only delay the report.
+        log.exception("Rank %d failed", rank)
+        logging.shutdown()
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()
