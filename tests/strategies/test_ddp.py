@@ -1,0 +1,186 @@
+"""trainer=ddp as a user runs it: real DDP over two CPU processes (gloo), started by volt or by
+torchrun, in single runs and sweeps, and with a rank that fails."""
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import DictConfig
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+QUICK = [
+    "trainer=ddp",
+    "trainer.max_epochs=1",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+]
+PROBES = "tests.strategies.rank_probes"
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+
+def only_dir(parent: Path) -> Path:
+    children = [p for p in parent.iterdir() if p.is_dir()]
+    assert len(children) == 1, children
+    return children[0]
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of the live processes whose command line contains `text`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # ended while we looked
+            continue
+        if text in args:
+            found.append(args)
+    return found
+
+
+def assert_one_ddp_run(run_dir: Path) -> None:
+    metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    assert metrics["test/acc"] > 0.8
+    rank0_log = (run_dir / "train.log").read_text()
+    rank1_log = (run_dir / "train_rank1.log").read_text()
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in rank0_log
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in rank1_log
+    assert "DDP on the CPU" not in rank1_log  # said once, by rank 0
+    assert sorted(p.name for p in run_dir.glob("train*.log")) == ["train.log", "train_rank1.log"]
+    # Checkpoints and TensorBoard come from rank 0 alone: one best and one last checkpoint.
+    assert len(list((run_dir / "checkpoints").glob("epoch*.ckpt"))) == 1
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_ddp_config_asks_for_two_cpu_processes_or_torchruns(
+    compose_config: Callable[..., DictConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cfg = compose_config("train", ["trainer=ddp"])
+    assert cfg.trainer.devices == 2
+    assert cfg.trainer.sync_batchnorm is True
+    assert cfg.trainer.strategy.rank_config == f"{cfg.paths.output_dir}/config_resolved.yaml"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # what torchrun --nproc_per_node=3 sets
+    assert compose_config("train", ["trainer=ddp"]).trainer.devices == 3
+
+
+def test_mission_command_runs_ddp_over_two_cpu_processes(run_volt: Run, tmp_path: Path) -> None:
+    result = run_volt([*QUICK, "precision=16-mixed"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    assert_one_ddp_run(run_dir)
+    line = "DDP on the CPU (no GPU visible): 2 processes over gloo"
+    if torch.cuda.is_available():
+        pytest.skip("the CPU fallback line is only written where no GPU is visible")
+    assert (run_dir / "train.log").read_text().count(line) == 1
+
+
+def test_multirun_jobs_each_train_their_own_config_on_both_ranks(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    result = run_volt(
+        [
+            "-m",
+            *QUICK,
+            "model.optimizer.lr=1e-3,1e-2",
+            f"+callbacks.lr_probe={{_target_:{PROBES}.RecordLearningRate}}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (tmp_path / "outputs" / "train" / "runs").exists()
+    sweep = only_dir(tmp_path / "outputs" / "train" / "multiruns")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [j.name.split("_", 1)[0] for j in jobs] == ["0", "1"]
+    for job, lr in zip(jobs, (1e-3, 1e-2), strict=True):
+        assert_one_ddp_run(job)
+        used = {float((job / f"lr_rank{rank}.txt").read_text()) for rank in (0, 1)}
+        assert used == {lr}, job.name
+    assert not processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("when", "rank_zero_ends"),
+    [
+        # Rank 1 dies in a training step: rank 0's gloo collective fails, and the run raises.
+        ("training", "raises"),
+        # Rank 1 dies before the rendezvous, where rank 0 waits for it with no error to come:
+        # the launcher's observer kills rank 0 after its grace period.
+        ("built", "is killed"),
+    ],
+)
+def test_a_failing_rank_ends_the_run_quickly_with_its_error(
+    when: str, rank_zero_ends: str, run_volt: Run, tmp_path: Path
+) -> None:
+    failure = f"+callbacks.fail={{_target_:{PROBES}.FailOnRank,rank:1,when:{when}}}"
+    start = time.monotonic()
+    result = run_volt([*QUICK, failure], timeout=120)
+    assert time.monotonic() - start < 60
+    assert result.returncode != 0
+    assert f"injected failure on rank 1, {when}" in result.stderr
+    if rank_zero_ends == "raises":
+        assert "RankFailedError: rank 1 of 2 exited with code 1" in result.stderr
+    else:
+        assert result.returncode == -9
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    assert "injected failure on rank 1" in (run_dir / "train_rank1.log").read_text()
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_torchrun_ranks_share_one_run_directory(run_volt: Run, tmp_path: Path) -> None:
+    torchrun = ["--standalone", "--nproc_per_node=2", "train.py"]
+    result = run_volt([*torchrun, *QUICK], module="torch.distributed.run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    assert_one_ddp_run(run_dir)
+    assert "Started rank" not in (run_dir / "train.log").read_text()  # torchrun started them
+
+
+@pytest.mark.gpu
+@two_gpus
+@pytest.mark.parametrize("trainer", ["ddp", "dp"])
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_gpus_train_with_mixed_precision(
+    trainer: str, precision: str, run_volt: Run, tmp_path: Path
+) -> None:
+    result = run_volt(
+        [f"trainer={trainer}", f"precision={precision}", "trainer.max_epochs=2", "model=cnn"]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    gpus = torch.cuda.device_count()
+    assert f"devices={gpus}" in (run_dir / "train.log").read_text()
+    assert json.loads((run_dir / "metrics.json").read_text())["metrics"]["test/acc"] > 0.9
+    rank_logs = sorted(p.name for p in run_dir.glob("train_rank*.log"))
+    assert len(rank_logs) == (gpus - 1 if trainer == "ddp" else 0)
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_gpu_multirun_runs_each_job_on_every_gpu(run_volt: Run, tmp_path: Path) -> None:
+    result = run_volt(
+        [
+            "-m",
+            "trainer=ddp",
+            "precision=bf16-mixed",
+            "trainer.max_epochs=1",
+            "model.optimizer.lr=1e-3,1e-2",
+            f"+callbacks.lr_probe={{_target_:{PROBES}.RecordLearningRate}}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = only_dir(tmp_path / "outputs" / "train" / "multiruns")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    for job, lr in zip(jobs, (1e-3, 1e-2), strict=True):
+        used = {float(p.read_text()) for p in job.glob("lr_rank*.txt")}
+        assert used == {lr}
+        assert len(list(job.glob("lr_rank*.txt"))) == torch.cuda.device_count()
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_no_rank_is_left_behind_by_this_module() -> None:
+    assert not processes_mentioning("volt.strategies.rank_entry"), os.getpid()
