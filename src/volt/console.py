@@ -1,6 +1,7 @@
 """What volt prints: the config tree at start, one line naming the hardware set-up, the result."""
 
 import logging
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,6 +28,12 @@ def route_lightning_logs() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+
+
+def silence_known_warnings() -> None:
+    """Lightning 2.6 calls a torch pytree API that torch 2.10+ deprecates; the warning is about
+    Lightning's code, says nothing to a volt user, and shows once per run. Only that one goes."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 @rank_zero_only

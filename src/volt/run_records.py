@@ -1,14 +1,22 @@
-"""What a run leaves in its directory besides checkpoints: resolved config, metrics.json, and the
-TensorBoard hparams tab filled with the run's final metrics."""
+"""What a run leaves in its directory besides checkpoints: resolved config, metrics.json, run.json
+(command, git state, outcome), and the TensorBoard hparams tab filled with the final metrics."""
 
+import datetime
 import json
-from collections.abc import Mapping, Sequence
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+
+from volt.config import PROJECT_ROOT
 
 HPARAM_GROUPS = ("data", "model", "trainer", "compile", "precision", "seed")
 METRICS_FILE = "metrics.json"
@@ -60,3 +68,50 @@ def log_final_hparams(
 def write_metrics(run_dir: Path, metrics: Mapping[str, float], **details: Any) -> None:
     record = {"status": "completed", "metrics": dict(metrics), **details}
     (run_dir / METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _git(*args: str) -> str | None:
+    """Output of a git command in the project, or None outside a git checkout / without git."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@contextmanager
+def run_record(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """run.json: command line, git commit, start/end time and how the run ended; beside it the
+    uncommitted diff (git.diff) and installed packages (packages.txt). Written at start, so a
+    killed run still has one, and rewritten at the end with the outcome."""
+    if rank_zero_only.rank != 0:
+        yield {}
+        return
+    commit = _git("rev-parse", "HEAD")
+    diff = _git("diff", "HEAD")
+    record: dict[str, Any] = {
+        "command": [sys.executable, *sys.argv],
+        "cwd": os.getcwd(),
+        "git_commit": commit.strip() if commit else None,
+        "git_dirty": bool(diff),
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "status": "running",
+    }
+    if diff:
+        (run_dir / "git.diff").write_text(diff)
+    packages = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
+    (run_dir / "packages.txt").write_text("\n".join(packages) + "\n")
+    path = run_dir / "run.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    try:
+        yield record
+        record["status"] = "completed"
+    except BaseException as error:
+        record["status"] = "failed"
+        record["error"] = f"{type(error).__name__}: {error}"
+        raise
+    finally:
+        record["ended"] = datetime.datetime.now().isoformat(timespec="seconds")
+        path.write_text(json.dumps(record, indent=2) + "\n")

@@ -12,7 +12,13 @@ from volt.build import TrainingObjects, build_training
 from volt.config import CONF_DIR
 from volt.config.hydra_callbacks import exit_on_config_error, in_multirun
 from volt.config.validation import ConfigError, check_config, check_machine, check_resolves
-from volt.console import describe_setup, print_config_tree, print_result, route_lightning_logs
+from volt.console import (
+    describe_setup,
+    print_config_tree,
+    print_result,
+    route_lightning_logs,
+    silence_known_warnings,
+)
 from volt.env import headline, save_device_report
 from volt.gpu import apply_matmul_precision, explain_oom
 from volt.run_records import log_final_hparams, save_resolved_config, write_metrics
@@ -32,6 +38,7 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> None:
     check_resolves(cfg)
     check_machine(cfg)
     route_lightning_logs()
+    silence_known_warnings()
     save_resolved_config(cfg, run_dir)
     print_config_tree(cfg, save_to=run_dir / "config_tree.txt")
     if pl.utilities.rank_zero_only.rank == 0:

@@ -35,10 +35,14 @@ class FailOnRank(Callback):
         self.rank = rank
         self.when = when
         if when == "built" and rank_of_this_process() == rank:
-            raise RuntimeError(f"injected failure on rank {rank}, when built")
+            raise RuntimeError(f"injected failure on rank {rank} ({when})")
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
-        if self.when == "training" and trainer.global_rank == self.rank and trainer.global_step == 3:
-            raise RuntimeError(f"injected failure on rank {self.rank}, in training")
+        if (
+            self.when == "training"
+            and trainer.global_rank == self.rank
+            and trainer.global_step == 3
+        ):
+            raise RuntimeError(f"injected failure on rank {self.rank} ({self.when})")

@@ -25,7 +25,7 @@ def run_stamp() -> str:
     """
     now = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     stamp = f"{now}_{secrets.token_hex(3)}"
-    # Under torchrun every rank runs Hydra: all take rank 0's stamp, so they share one run directory.
+    # Under torchrun every rank runs Hydra: all take rank 0's stamp and so share one run directory.
     return stamp_of_rank_zero(stamp) if launched_by_torchrun() else stamp
 
 

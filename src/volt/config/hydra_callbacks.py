@@ -12,7 +12,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from volt.config.validation import ConfigError, check_config, check_machine
+from volt.config.validation import ConfigError, check_checkpoint, check_config, check_machine
 
 log = logging.getLogger(__name__)
 
@@ -54,5 +54,7 @@ class VoltCallback(Callback):
         try:
             check_config(config)
             check_machine(config)
+            if config.get("task_name") == "eval":
+                check_checkpoint(config)
         except ConfigError as error:
             exit_on_config_error(error)

@@ -179,6 +179,17 @@ def check_config(cfg: DictConfig) -> None:
             )
 
 
+def check_checkpoint(cfg: DictConfig) -> None:
+    """An eval's ckpt_path is a checkpoint volt wrote: it loads with weights_only and holds the
+    run's config (a damaged or foreign file is named, not met later as a traceback)."""
+    from volt.callbacks.config_in_checkpoint import read_stored_config
+
+    try:
+        read_stored_config(Path(cfg.ckpt_path))
+    except Exception as error:
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path!r} cannot be used: {error}") from error
+
+
 def check_resolves(cfg: DictConfig) -> None:
     """Every interpolation resolves (run inside a job, where Hydra's runtime values exist)."""
     try:

@@ -1,11 +1,12 @@
 """What every volt data set shares: a seeded split, in-memory tensors, and loader settings."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 Transform = Callable[[Tensor], Tensor]
 
@@ -39,6 +40,32 @@ class TensorImageDataset(Dataset[tuple[Tensor, Tensor]]):
             image = self.augment(image)
         image = image.float() / 255.0 if image.dtype == torch.uint8 else image.float()
         return (image - self.mean) / self.std, self.labels[index]
+
+
+class ResumableRandomSampler(Sampler[int]):
+    """A fresh shuffle each epoch, a pure function of (seed, epoch), that can start part-way.
+
+    Lightning calls set_epoch() before each epoch; after a resume the first epoch skips the
+    samples the killed run had already trained on, so the resumed run sees the same batches in
+    the same order as one that was never stopped.
+    """
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.seed = seed
+        self.epoch = 0
+        self.skip: dict[int, int] = {}  # epoch -> samples already consumed in it
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator)
+        return iter(order[self.skip.pop(self.epoch, 0) :].tolist())
+
+    def __len__(self) -> int:
+        return self.size
 
 
 class ImageClassificationDataModule(pl.LightningDataModule):
@@ -78,6 +105,7 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         self.train_set: Dataset[tuple[Tensor, Tensor]] | None = None
         self.val_set: Dataset[tuple[Tensor, Tensor]] | None = None
         self.test_set: Dataset[tuple[Tensor, Tensor]] | None = None
+        self._resume_at: dict[str, int] | None = None
 
     def load_splits(
         self,
@@ -118,9 +146,25 @@ class ImageClassificationDataModule(pl.LightningDataModule):
             )
         return self.batch_size // processes
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where training stands in the data (saved in checkpoints): epoch and batches done."""
+        if self.trainer is None:
+            return {}
+        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"epoch": self.trainer.current_epoch, "batches_done": done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume_at = state or None
+
     def train_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:
         assert self.train_set is not None, "call setup() first"
-        return self._loader(self.train_set, train=True)
+        # Seeded from torch's seed (seed_everything), so `seed=` changes the shuffle too.
+        sampler = ResumableRandomSampler(len(self.train_set), seed=torch.initial_seed() % 2**31)  # type: ignore[arg-type]
+        if self._resume_at:
+            done = self._resume_at["batches_done"] * self.per_process_batch_size
+            sampler.skip[self._resume_at["epoch"]] = done
+            self._resume_at = None
+        return self._loader(self.train_set, train=True, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:
         assert self.val_set is not None, "call setup() first"
@@ -137,7 +181,10 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def _loader(
-        self, dataset: Dataset[tuple[Tensor, Tensor]], train: bool
+        self,
+        dataset: Dataset[tuple[Tensor, Tensor]],
+        train: bool,
+        sampler: Sampler[int] | None = None,
     ) -> DataLoader[tuple[Tensor, Tensor]]:
         batch_size = self.per_process_batch_size
         workers = self.num_workers > 0
@@ -148,11 +195,14 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=train,
+            sampler=sampler,
             drop_last=drop_last,
             num_workers=self.num_workers,
             # Pinned host memory lets the host-to-GPU copy run asynchronously (non_blocking).
             pin_memory=self._on_gpu() if self.pin_memory is None else self.pin_memory,
             persistent_workers=self.persistent_workers and workers,
+            # Its own generator: starting an iterator draws a seed, and drawing it from the global
+            # one would shift dropout's random numbers whenever a loader is (re)started.
+            generator=torch.Generator().manual_seed(torch.initial_seed() % 2**31),
             prefetch_factor=self.prefetch_factor if workers else None,
         )

@@ -9,7 +9,8 @@ They make no directory and write nothing but their own log, `<run dir>/train_ran
 
 A run's ranks live exactly as long as the run (`ranks_end_with_run`): after it, rank 0 waits for
 them, closes its process group and restores the environment, so the next job of a sweep starts
-clean; if it raised, the ranks are killed first.
+clean; if it raised, the ranks are killed first. (In the ranks themselves, and under torchrun,
+the same block only closes the process group.)
 
 When a rank fails, Lightning's observer kills the other ranks at once and then kills rank 0 too,
 which would end a whole sweep. Here rank 0 gets `RANK_ZERO_GRACE_S` to end the run itself: under
@@ -147,6 +148,7 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
             "NODE_RANK": str(node_rank),
             "WORLD_SIZE": str(self.num_processes * self.num_nodes),
         }
+        started = []
         for local_rank in range(1, self.num_processes):
             rank = node_rank * self.num_processes + local_rank
             command = [
@@ -159,12 +161,14 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
             self.procs.append(
                 subprocess.Popen(command, env={**shared, "LOCAL_RANK": str(local_rank)})
             )
-            log.info("Started rank %d (pid %d) from %s", rank, self.procs[-1].pid, self.rank_config)
+            started.append(f"rank {rank} (pid {self.procs[-1].pid})")
+        if started:
+            log.info("Started %s from %s", ", ".join(started), self.rank_config)
         self._observer = _RankObserver(os.getpid(), self.procs, self._run_ended)
         self._observer.start()
 
-    def wait_for_ranks(self) -> None:
-        """After rank 0 ended the run well: the other ranks finish on their own; wait for them."""
+    def wait_for_ranks(self) -> str | None:
+        """After rank 0 ended the run well: wait for the other ranks; say which failed, if any."""
         self._run_ended.set()
         for proc in self.procs:
             try:
@@ -173,9 +177,8 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
                 proc.kill()
                 proc.wait()
         self._release_rendezvous()
-        failed = self._ranks_that_failed(self.procs)
-        if failed:
-            raise RankFailedError(self._describe(failed))
+        failed = self._ranks_that_failed()
+        return self._describe(failed) if failed else None
 
     def stop_ranks(self) -> str | None:
         """After rank 0's run raised: stop the other ranks; say which of them failed first, if any.
@@ -195,16 +198,16 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
         self._release_rendezvous()
         crashed = {
             rank: proc
-            for rank, proc in self._ranks_that_failed(self.procs).items()
+            for rank, proc in self._ranks_that_failed().items()
             if proc.returncode != -signal.SIGKILL
         }
         return self._describe(crashed) if crashed else None
 
-    def _ranks_that_failed(self, procs: list[subprocess.Popen]) -> dict[int, subprocess.Popen]:
+    def _ranks_that_failed(self) -> dict[int, subprocess.Popen]:
         node_rank = self.cluster_environment.node_rank()
         return {
             node_rank * self.num_processes + local_rank: proc
-            for local_rank, proc in enumerate(procs, start=1)
+            for local_rank, proc in enumerate(self.procs, start=1)
             if proc.returncode
         }
 
@@ -267,9 +270,14 @@ def ranks_end_with_run(trainer: pl.Trainer) -> Iterator[None]:
         return
     try:
         yield
-    except BaseException as error:
+    except Exception as error:
         crashed = launcher.stop_ranks()
         if crashed:
             raise RankFailedError(crashed) from error
         raise
-    launcher.wait_for_ranks()
+    except BaseException:  # Ctrl-C, sys.exit: every rank got or caused it; no one to blame
+        launcher.stop_ranks()
+        raise
+    failed = launcher.wait_for_ranks()
+    if failed:
+        raise RankFailedError(failed)

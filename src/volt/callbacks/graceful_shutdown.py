@@ -1,0 +1,140 @@
+"""SIGTERM or Ctrl+C while training: finish the step, save last.ckpt, exit 143 or 130.
+
+Lightning alone stops on SIGTERM with a `SIGTERMException`, a `SystemExit` with no code, so the
+process exits 0 and a scheduler records a killed job as a success; it writes no checkpoint unless
+asked to; and Ctrl+C raises KeyboardInterrupt wherever Python happens to be, even inside the
+optimizer step, after which Lightning exits 1.
+"""
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger(__name__)
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class TrainingInterrupted(SystemExit):
+    """Training stopped on a signal after saving `checkpoint`; the process exits 128 + signum.
+
+    A `SystemExit` so that nothing between the callback and the interpreter has to know about
+    it, and the exit status follows the shell's convention for a job ended by that signal
+    (143 for SIGTERM, 130 for SIGINT): schedulers and scripts see that it did not finish.
+    """
+
+    def __init__(self, signum: int, checkpoint: Path) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.checkpoint = checkpoint
+
+
+class GracefulShutdown(Callback):
+    """On SIGTERM or SIGINT: save `<checkpoint_dir>/last.ckpt` after the next optimizer step, stop.
+
+    The signal handler only takes note; the training batch in flight runs to its end, including
+    its optimizer step, then every rank saves (rank 0 writes) and raises `TrainingInterrupted`.
+    With gradient accumulation that is the end of the accumulation window: gradients are not in
+    checkpoints. A signal during validation takes effect at the next training batch, or when
+    training ends, so a scheduler's grace period (SLURM's KillWait, Kubernetes'
+    terminationGracePeriodSeconds) should outlast one validation pass.
+
+    Under DDP any rank's signal stops all of them at the same step: the ranks agree through one
+    all-reduce of an integer per optimizer step. A second Ctrl+C stops at once, without saving.
+    Handlers are installed for the fit (from the sanity check on, replacing Lightning's SIGTERM
+    handler, whose early exit would skip the checkpoint) and restored when training ends.
+    """
+
+    def __init__(self, checkpoint_dir: str | Path) -> None:
+        self.checkpoint_path = Path(checkpoint_dir) / "last.ckpt"
+        self._signum: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._steps_done = 0
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._install()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._install()  # again, for fits without a sanity check; installs once per fit
+        self._steps_done = trainer.global_step
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if trainer.global_step == self._steps_done:
+            return  # inside an accumulation window: no optimizer step yet
+        self._steps_done = trainer.global_step
+        self._stop_if_signalled(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A signal that came during the last validation has had no batch end to act on.
+        self._stop_if_signalled(trainer)
+        self._uninstall()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._uninstall()
+
+    def _stop_if_signalled(self, trainer: pl.Trainer) -> None:
+        signum = self._signal_on_any_rank(trainer)
+        if not signum:
+            return
+        trainer.save_checkpoint(self.checkpoint_path)
+        log.warning(
+            "Stopped on %s at global step %d; saved %s",
+            signal.Signals(signum).name,
+            trainer.global_step,
+            self.checkpoint_path,
+        )
+        raise TrainingInterrupted(signum, self.checkpoint_path)
+
+    def _signal_on_any_rank(self, trainer: pl.Trainer) -> int:
+        """The signal this or any other rank received (the highest, if several); 0 if none."""
+        if trainer.world_size == 1:
+            return self._signum or 0
+        # One all-reduce and one host sync per optimizer step, under multi-process strategies only.
+        # Lightning's own SIGTERM broadcast is no substitute: it runs a collective inside the
+        # signal handler, out of order with the training step's collectives.
+        local = torch.tensor(self._signum or 0, device=trainer.strategy.root_device)
+        return int(trainer.strategy.reduce(local, reduce_op="max").item())
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signum is None:
+            self._signum = signum
+            log.warning(
+                "Received %s: training stops after this step and saves %s (Ctrl+C again: stop"
+                " now, without saving)",
+                signal.Signals(signum).name,
+                self.checkpoint_path,
+            )
+        elif signum == signal.SIGINT:
+            raise KeyboardInterrupt
+
+    def _install(self) -> None:
+        if self._previous_handlers:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("GracefulShutdown is off: signal handlers need the main thread")
+            return
+        self._signum = None
+        for signum in _SIGNALS:
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def _uninstall(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(signum, handler)
+        self._previous_handlers = {}

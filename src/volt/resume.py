@@ -1,0 +1,74 @@
+"""Named runs (`name=...`): a fixed directory, and re-running the same command continues the run
+from its newest complete checkpoint instead of starting over."""
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from volt.checkpointing import find_latest_valid_checkpoint
+from volt.config.validation import ConfigError
+from volt.run_records import METRICS_FILE
+
+log = logging.getLogger("volt")
+# Overrides that may change between attempts of one named run without making it another run.
+RESUME_FREE = ("resume", "trainer.max_epochs", "trainer.max_steps", "trainer.devices")
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    checkpoint: Path | None  # continue from here; None: start from the beginning
+    finished: dict[str, float] | None  # the final metrics when the run already completed
+
+
+def _identity(overrides: list[str]) -> list[str]:
+    return sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_FREE)
+
+
+def check_same_run(run_dir: Path, name: str, overrides: list[str]) -> None:
+    """A named run is its overrides: refuse to continue one under different ones (before Hydra
+    rewrites anything in its directory)."""
+    stored_file = run_dir / ".hydra" / "overrides.yaml"
+    if not stored_file.is_file():
+        return
+    stored = _identity(yaml.safe_load(stored_file.read_text()) or [])
+    given = _identity(overrides)
+    if stored != given:
+        raise ConfigError(
+            f"name={name} already exists in {run_dir} with overrides {stored}, not {given}: "
+            "re-run with the same overrides to continue it, or pick another name"
+        )
+
+
+def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumePlan:
+    """resume=null continues a named run if it exists; true requires one; false refuses one."""
+    if name is None:
+        if resume:
+            raise ConfigError("resume=true needs a run name: add name=<the run's name>")
+        return ResumePlan(None, None)
+    metrics_file = run_dir / METRICS_FILE
+    checkpoint, damaged = find_latest_valid_checkpoint(run_dir / "checkpoints")
+    started = metrics_file.is_file() or checkpoint is not None or (run_dir / "run.json").is_file()
+    if resume is False and started:
+        raise ConfigError(
+            f"name={name} already exists in {run_dir} and resume=false: pick another name, "
+            "or drop resume=false to continue it"
+        )
+    if resume and not started:
+        raise ConfigError(
+            f"name={name} with resume=true, but {run_dir} holds no run to continue: "
+            "drop resume=true to start it"
+        )
+    if metrics_file.is_file():
+        record = json.loads(metrics_file.read_text())
+        if record.get("status") == "completed":
+            return ResumePlan(None, record.get("metrics", {}))
+    for path, reason in damaged:
+        log.warning("skipping damaged checkpoint %s: %s", path, reason)
+    if checkpoint is not None:
+        log.info("resuming run %s from %s", name, checkpoint)
+    elif started:
+        log.info("run %s has no complete checkpoint yet: starting it from the beginning", name)
+    return ResumePlan(checkpoint, None)

@@ -1,0 +1,148 @@
+"""FiniteGuard stops a real Trainer at the step whose loss or gradient is NaN or inf, before the
+optimizer touches the weights, and leaves the newest checkpoint at the last finite step."""
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.precision import MixedPrecision
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from volt.callbacks.finite_guard import FiniteGuard, NonFiniteLossError
+
+BAD_STEP = 3
+
+
+class TwoLayers(pl.LightningModule):
+    """Regression whose loss turns NaN at global step `nan_loss_at` (in its first batch only,
+    when it accumulates several), or whose second-layer gradient is all `grad_value` at step
+    `grad_at`."""
+
+    def __init__(
+        self,
+        nan_loss_at: int | None = None,
+        grad_at: int | None = None,
+        grad_value: float = math.inf,
+    ) -> None:
+        super().__init__()
+        self.first = nn.Linear(4, 8)
+        self.second = nn.Linear(8, 1)
+        self.nan_loss_at = nan_loss_at
+        self.second.weight.register_hook(self._set_gradient_at(grad_at, grad_value))
+
+    def _set_gradient_at(self, step: int | None, value: float) -> Callable[[Tensor], Tensor]:
+        def hook(grad: Tensor) -> Tensor:
+            return torch.full_like(grad, value) if self.global_step == step else grad
+
+        return hook
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        loss = nn.functional.mse_loss(self.second(torch.relu(self.first(x))), y)
+        if self.global_step == self.nan_loss_at:
+            self.nan_loss_at = None
+            return loss * math.nan
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def batches() -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 4, generator=generator), torch.randn(64, 1, generator=generator)
+    return DataLoader(TensorDataset(x, y), batch_size=8)
+
+
+def trainer(tmp_path: Path, max_steps: int = BAD_STEP + 5, **kwargs: object) -> pl.Trainer:
+    every_step = ModelCheckpoint(
+        tmp_path / "checkpoints", filename="{step}", every_n_train_steps=1, save_top_k=-1
+    )
+    return pl.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        callbacks=[FiniteGuard(), every_step],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def newest_checkpoint(directory: Path) -> dict:
+    checkpoints = [torch.load(p, weights_only=True) for p in directory.glob("*.ckpt")]
+    return max(checkpoints, key=lambda c: c["global_step"])
+
+
+@pytest.mark.parametrize(
+    ("poison", "names"),
+    [
+        ({"nan_loss_at": BAD_STEP}, "non-finite loss"),
+        ({"grad_at": BAD_STEP}, "gradient (NaN or inf) of parameter second.weight at"),
+    ],
+    ids=["nan-loss", "inf-gradient"],
+)
+def test_stops_before_the_step_and_the_newest_checkpoint_is_the_last_finite_one(
+    poison: dict[str, int], names: str, tmp_path: Path
+) -> None:
+    model = TwoLayers(**poison)
+    with pytest.raises(NonFiniteLossError) as raised:
+        trainer(tmp_path).fit(model, batches())
+
+    message = str(raised.value)
+    assert names in message
+    assert f"global step {BAD_STEP};" in message
+    assert "trainer.gradient_clip_val=1.0" in message and "model.optimizer.lr" in message
+    assert "first.weight" not in message  # only the poisoned parameter is named
+    # Saved after steps 0..BAD_STEP-1 ran: global_step counts the optimizer steps taken.
+    newest = newest_checkpoint(tmp_path / "checkpoints")
+    assert newest["global_step"] == BAD_STEP
+    # The step that raised changed nothing: the model still holds the checkpoint's weights.
+    for name, weights in model.state_dict().items():
+        assert torch.isfinite(newest["state_dict"][name]).all()
+        assert torch.equal(newest["state_dict"][name], weights), name
+
+
+def test_large_finite_fp16_gradients_are_not_taken_for_overflow(tmp_path: Path) -> None:
+    # 8 elements of 30000 are finite in fp16 (max 65504), their 2-norm (84853) is not.
+    model = TwoLayers(grad_at=BAD_STEP, grad_value=30000.0)
+    run = trainer(tmp_path, precision="16-true", max_steps=BAD_STEP + 1)
+    run.fit(model, batches())
+
+    assert run.global_step == BAD_STEP + 1
+    assert model.second.weight.dtype == torch.float16
+
+
+def test_a_gradscaler_skipping_overflowed_steps_is_left_alone(tmp_path: Path) -> None:
+    # Lightning turns 16-mixed into bf16-mixed on the CPU; with its plugin built by hand, fp16
+    # autocast and a real GradScaler run here. A scale of 2**40 overflows the fp16 activation
+    # gradients: the scaler skips those steps and halves the scale until they fit.
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    amp = MixedPrecision("16-mixed", "cpu", scaler)
+    run = trainer(tmp_path, plugins=[amp])
+    run.fit(TwoLayers(), batches())
+
+    assert run.global_step == run.max_steps  # no step raised
+    assert scaler.get_scale() <= 2.0**36  # though at least four overflowed
+
+
+def test_a_nan_loss_still_stops_training_under_a_gradscaler(tmp_path: Path) -> None:
+    amp = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
+    with pytest.raises(NonFiniteLossError, match=f"non-finite loss .* at global step {BAD_STEP};"):
+        trainer(tmp_path, plugins=[amp]).fit(TwoLayers(nan_loss_at=BAD_STEP), batches())
+
+
+def test_a_nan_loss_in_any_accumulated_micro_batch_stops_training(tmp_path: Path) -> None:
+    # Under a GradScaler only the loss is checked, so this needs every micro-batch's loss: here
+    # the first of the step's four is NaN, the three after it finite.
+    amp = MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))
+    model = TwoLayers(nan_loss_at=BAD_STEP)
+    with pytest.raises(NonFiniteLossError, match=f"at global step {BAD_STEP};"):
+        trainer(tmp_path, accumulate_grad_batches=4, plugins=[amp]).fit(model, batches())
+    assert newest_checkpoint(tmp_path / "checkpoints")["global_step"] == BAD_STEP
