@@ -52,7 +52,7 @@ def assert_one_ddp_run(run_dir: Path) -> None:
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in rank1_log
     assert "DDP on the CPU" not in rank1_log  # said once, by rank 0
     assert sorted(p.name for p in run_dir.glob("train*.log")) == ["train.log", "train_rank1.log"]
-    # Checkpoints and TensorBoard come from rank 0 alone: one best and one last checkpoint.
+    # Only rank 0 writes checkpoints: one best and one last, as in a single-device run.
     assert len(list((run_dir / "checkpoints").glob("epoch*.ckpt"))) == 1
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
@@ -100,6 +100,29 @@ def test_multirun_jobs_each_train_their_own_config_on_both_ranks(
         used = {float((job / f"lr_rank{rank}.txt").read_text()) for rank in (0, 1)}
         assert used == {lr}, job.name
     assert not processes_mentioning(str(tmp_path))
+
+
+def test_optuna_trials_sample_once_for_all_ranks(run_volt: Run, tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the optuna extra")
+    result = run_volt(
+        [
+            "-m",
+            *QUICK,
+            "hydra/sweeper=optuna",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.direction=maximize",
+            "model.optimizer.lr=interval(1e-4,1e-2)",
+            f"+callbacks.lr_probe={{_target_:{PROBES}.RecordLearningRate}}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = only_dir(tmp_path / "outputs" / "train" / "multiruns")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 2
+    for job in jobs:
+        sampled = float(job.name.split("model.optimizer.lr=")[1].split(",")[0])
+        used = {float((job / f"lr_rank{rank}.txt").read_text()) for rank in (0, 1)}
+        assert used == {sampled}, job.name
 
 
 @pytest.mark.parametrize(

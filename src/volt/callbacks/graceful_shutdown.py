@@ -92,13 +92,14 @@ class GracefulShutdown(Callback):
         signum = self._signal_on_any_rank(trainer)
         if not signum:
             return
-        trainer.save_checkpoint(self.checkpoint_path)
-        log.warning(
-            "Stopped on %s at global step %d; saved %s",
-            signal.Signals(signum).name,
-            trainer.global_step,
-            self.checkpoint_path,
-        )
+        trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer too
+        if trainer.is_global_zero:
+            log.warning(
+                "Stopped on %s at global step %d; saved %s",
+                signal.Signals(signum).name,
+                trainer.global_step,
+                self.checkpoint_path,
+            )
         raise TrainingInterrupted(signum, self.checkpoint_path)
 
     def _signal_on_any_rank(self, trainer: pl.Trainer) -> int:

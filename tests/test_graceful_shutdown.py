@@ -1,0 +1,241 @@
+"""SIGTERM and Ctrl+C while training: the step finishes, last.ckpt is saved, the exit status is
+128 + the signal's number. Real signals to real training processes, and to this one."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from omegaconf import DictConfig
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from volt.callbacks.graceful_shutdown import GracefulShutdown, TrainingInterrupted
+from volt.config import PROJECT_ROOT
+
+# Trains until told to stop (or max_steps), printing each step's number as it starts it.
+SCRIPT = """
+import sys, time
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from volt.callbacks.graceful_shutdown import GracefulShutdown
+from volt.checkpointing import AtomicCheckpointIO
+
+checkpoint_dir, max_steps, resume_from = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+
+class Slow(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        print(f"step {self.global_step}", flush=True)
+        time.sleep(0.01)
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+trainer = pl.Trainer(
+    max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
+    enable_model_summary=False, enable_checkpointing=False,
+    callbacks=[GracefulShutdown(checkpoint_dir)], plugins=[AtomicCheckpointIO()],
+)
+trainer.fit(Slow(), data, ckpt_path=resume_from[0] if resume_from else None)
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train_slowly.py"
+    path.write_text(textwrap.dedent(SCRIPT))
+    return path
+
+
+def steps_printed(process: subprocess.Popen[str]) -> Iterator[int]:
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("step "):
+            yield int(line.split()[1])
+
+
+def test_sigterm_and_sigint_exit_with_128_plus_signal_after_saving(
+    script: Path, tmp_path: Path
+) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        checkpoints = tmp_path / signum.name
+        process = subprocess.Popen(
+            [sys.executable, script, checkpoints, "100000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        seen = next(step for step in steps_printed(process) if step >= 3)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)
+
+        assert process.returncode == 128 + signum, stderr
+        saved = torch.load(checkpoints / "last.ckpt", weights_only=True)
+        # The step under way when the signal came ran to its end, optimizer step included.
+        assert saved["global_step"] > seen
+        assert f"Stopped on {signum.name} at global step {saved['global_step']}" in stderr
+
+
+class SignalAt(Callback):
+    """Sends `signum` to this very process when `stage` reaches batch `batch`."""
+
+    def __init__(self, signum: int, stage: str, batch: int) -> None:
+        self.signum, self.stage, self.batch = signum, stage, batch
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        self._maybe_signal("train", batch_idx)
+
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        self._maybe_signal("sanity check" if trainer.sanity_checking else "validation", batch_idx)
+
+    def _maybe_signal(self, stage: str, batch: int) -> None:
+        if (stage, batch) == (self.stage, self.batch):
+            os.kill(os.getpid(), self.signum)
+
+
+class Regression(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.steps_run: list[int] = []
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        self.steps_run.append(self.global_step)
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.training_step(batch, batch_idx)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def eight_batches() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+
+
+def quiet_trainer(callbacks: list[Callback], **trainer_args: object) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+        **trainer_args,  # type: ignore[arg-type]
+    )
+
+
+def fit_until_signalled(tmp_path: Path, signal_at: SignalAt, **trainer_args: object) -> int:
+    """Fit with the signal sent from inside; returns the saved checkpoint's global step."""
+    trainer = quiet_trainer([GracefulShutdown(tmp_path), signal_at], **trainer_args)
+    handlers_before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        trainer.fit(Regression(), eight_batches(), eight_batches())
+
+    assert stopped.value.code == 128 + signal_at.signum
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers_before
+    return torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"]
+
+
+# The epoch's remaining batches are not skipped on resume: the test's loader keeps no position.
+@pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch")
+def test_training_resumes_from_the_checkpoint_at_the_next_step(tmp_path: Path) -> None:
+    stopped_at = fit_until_signalled(tmp_path, SignalAt(signal.SIGTERM, "train", 2), max_steps=20)
+    assert stopped_at == 3
+
+    model = Regression()
+    trainer = quiet_trainer([], max_steps=stopped_at + 2, num_sanity_val_steps=0)
+    trainer.fit(model, eight_batches(), eight_batches(), ckpt_path=tmp_path / "last.ckpt")
+    assert model.steps_run == [stopped_at, stopped_at + 1]
+
+
+def test_a_signal_inside_an_accumulation_window_waits_for_its_optimizer_step(
+    tmp_path: Path,
+) -> None:
+    # Batches 4..7 make step 1: a signal at batch 5 lets 6 and 7 run, then step 1 is saved.
+    signal_at = SignalAt(signal.SIGTERM, "train", 5)
+    assert fit_until_signalled(tmp_path, signal_at, max_epochs=3, accumulate_grad_batches=4) == 2
+
+
+def test_a_signal_during_validation_stops_at_the_next_training_step(tmp_path: Path) -> None:
+    # Validation every 4 training batches; the signal at its second batch lets it finish.
+    signal_at = SignalAt(signal.SIGINT, "validation", 1)
+    assert fit_until_signalled(tmp_path, signal_at, max_epochs=3, val_check_interval=4) == 5
+
+
+def test_a_signal_during_the_sanity_check_stops_after_the_first_step(tmp_path: Path) -> None:
+    # Lightning's own SIGTERM handler would end the sanity check at once, exit status 0.
+    signal_at = SignalAt(signal.SIGTERM, "sanity check", 0)
+    assert fit_until_signalled(tmp_path, signal_at, max_epochs=1) == 1
+
+
+def test_a_signal_during_the_last_validation_still_saves_and_exits(tmp_path: Path) -> None:
+    signal_at = SignalAt(signal.SIGTERM, "validation", 1)
+    assert fit_until_signalled(tmp_path, signal_at, max_epochs=1) == 8
+
+
+def start_volt(args: list[str], outputs: Path) -> subprocess.Popen[bytes]:
+    """`python train.py ...` as run_volt starts it, but left running so it can be signalled.
+    Its output goes to `outputs/console.txt`: a pipe nobody reads could fill and stall it."""
+    outputs.mkdir()
+    with open(outputs / "console.txt", "wb") as console:
+        return subprocess.Popen(
+            [sys.executable, "train.py", *args, f"paths.outputs_dir={outputs}"],
+            cwd=PROJECT_ROOT,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for(pattern: str, outputs: Path, process: subprocess.Popen[bytes]) -> Path:
+    deadline = time.monotonic() + 120
+    while not (found := list(outputs.glob(pattern))):
+        assert process.poll() is None, (outputs / "console.txt").read_text()
+        assert time.monotonic() < deadline, f"no {pattern} after 120 s"
+        time.sleep(0.1)
+    return found[0]
+
+
+@pytest.mark.parametrize("trainer", ["default", "ddp"])
+def test_volt_saves_and_exits_143_on_sigterm(
+    trainer: str, compose_config: Callable[..., DictConfig], fast: list[str], tmp_path: Path
+) -> None:
+    if "graceful_shutdown" not in (compose_config("train").callbacks or {}):
+        pytest.skip("needs integration: graceful_shutdown is not in conf/callbacks/default.yaml")
+    outputs = tmp_path / "volt"
+    overrides = [o for o in fast if not o.startswith("trainer.max_epochs=")]
+    process = start_volt([*overrides, f"trainer={trainer}", "trainer.max_epochs=1000"], outputs)
+    # last.ckpt is first written at the end of epoch 0; training is then well under way.
+    last = wait_for("train/runs/*/checkpoints/last.ckpt", outputs, process)
+    before = torch.load(last, weights_only=True)["global_step"]  # written whole: atomic rename
+    # Under DDP to rank 0 only: rank 1 learns of it from rank 0 and stops at the same step.
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+
+    assert process.returncode == 143, (outputs / "console.txt").read_text()
+    saved = torch.load(last, weights_only=True)
+    assert saved["global_step"] > before
+    assert saved["volt_config"]["trainer"]["max_epochs"] == 1000

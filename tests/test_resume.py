@@ -1,0 +1,95 @@
+"""Named runs survive SIGKILL: re-running the same command continues from the newest complete
+checkpoint and ends with exactly the weights of a run that was never stopped."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from volt.config import PROJECT_ROOT
+
+# Deterministic CPU training with a checkpoint after every step; dropout on, so the RNG state
+# matters; no early stopping (its decision would only repeat the weights' story).
+COMMAND = [
+    "trainer=cpu",
+    "trainer.max_epochs=3",
+    "trainer.deterministic=true",
+    "callbacks.last_checkpoint.every_n_train_steps=1",
+    "callbacks.early_stopping=null",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+    "logger=csv",
+    "test=false",
+]
+
+
+def start(name: str, outputs: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "train.py", f"name={name}", *COMMAND, *extra, f"paths.outputs_dir={outputs}"],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> str:
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err[-3000:]
+    return out + err
+
+
+def final_state(outputs: Path, name: str) -> dict[str, torch.Tensor]:
+    last = outputs / "train" / "runs" / name / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["global_step"] == 3 * 19
+    return checkpoint["state_dict"]
+
+
+def kill_after(process: subprocess.Popen[str], checkpoints: Path, steps: int) -> None:
+    """SIGKILL once the run has written `steps` checkpoints' worth of progress (or at once if 0)."""
+    deadline = time.monotonic() + 120
+    while steps and time.monotonic() < deadline:
+        last = checkpoints / "last.ckpt"
+        if last.is_file():
+            try:
+                step = torch.load(last, weights_only=True, map_location="meta")["global_step"]
+            except Exception:  # caught between the temporary file and the rename: try again
+                step = -1
+            if step >= steps:
+                break
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.mark.parametrize("kill_at_steps", [[7], [0, 25, 40]], ids=["mid-epoch", "three-kills"])
+def test_killed_and_resumed_equals_uninterrupted(kill_at_steps: list[int], tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+    finish(start("reference", outputs))
+    checkpoints = outputs / "train" / "runs" / "interrupted" / "checkpoints"
+    for steps in kill_at_steps:
+        kill_after(start("interrupted", outputs), checkpoints, steps)
+    log = finish(start("interrupted", outputs))
+    assert "resuming run interrupted from" in log
+    reference, resumed = final_state(outputs, "reference"), final_state(outputs, "interrupted")
+    assert reference.keys() == resumed.keys()
+    for key in reference:
+        assert torch.equal(reference[key], resumed[key]), key
+
+
+def test_finished_run_is_not_trained_again(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+    finish(start("done", outputs, "trainer.max_epochs=1"))
+    run_dir = outputs / "train" / "runs" / "done"
+    before = (run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+    log = finish(start("done", outputs, "trainer.max_epochs=1"))
+    assert "already finished" in log
+    assert (run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before
+    assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
