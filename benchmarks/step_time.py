@@ -1,4 +1,4 @@
-"""Training step time: volt (Lightning + volt's Classifier) against a plain PyTorch loop, side by side.
+"""Training step time: volt (Lightning + volt's Classifier) against a plain PyTorch loop.
 
     python benchmarks/step_time.py --workload cifar --variants 32-true bf16-mixed bf16-mixed+default
 

@@ -101,7 +101,9 @@ if not torch.cuda.is_available():
     ]
 
 
-@pytest.mark.parametrize(("overrides", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("overrides", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
 def test_bad_training_input(
     overrides: list[str], message: str, run_main: Callable[..., tuple[int, str]], outputs: Path
 ) -> None:

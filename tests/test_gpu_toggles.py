@@ -34,7 +34,9 @@ def test_profiler_writes_a_trace(compose_config: Compose, fast: list[str]) -> No
 def test_finders_run_before_fit(tune: str, compose_config: Compose, fast: list[str]) -> None:
     # The LR finder needs its 100 steps within max_epochs: 19 batches an epoch here.
     epochs = "trainer.max_epochs=6" if tune == "lr" else "trainer.max_epochs=1"
-    cfg = compose_config("train", [*short(fast, f"tune={tune}", "test=false", "trainer=cpu"), epochs])
+    cfg = compose_config(
+        "train", [*short(fast, f"tune={tune}", "test=false", "trainer=cpu"), epochs]
+    )
     metrics = train(cfg)
     assert metrics["val/acc"] > 0.5
     if tune == "lr":

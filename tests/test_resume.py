@@ -31,7 +31,14 @@ COMMAND = [
 
 def start(name: str, outputs: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "train.py", f"name={name}", *COMMAND, *extra, f"paths.outputs_dir={outputs}"],
+        [
+            sys.executable,
+            "train.py",
+            f"name={name}",
+            *COMMAND,
+            *extra,
+            f"paths.outputs_dir={outputs}",
+        ],
         cwd=PROJECT_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
+from volt.callbacks.rng_state import RNGStateInCheckpoint
 from volt.checkpointing import AtomicCheckpointIO
 from volt.data.classification import ImageClassificationDataModule
 from volt.gpu import apply_compile
@@ -72,6 +73,8 @@ def build_training(cfg: DictConfig) -> TrainingObjects:
     callbacks = build_callbacks(cfg.get("callbacks"))
     # Store the resolved config in every checkpoint: `volt.eval` rebuilds the run from it alone.
     callbacks.append(ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
+    # ...and the random generators' states, so a resumed run draws what an unbroken one would.
+    callbacks.append(RNGStateInCheckpoint())
     loggers = build_loggers(cfg.get("logger"))
     # Checkpoints are written to a temporary file and renamed: a kill never leaves a torn one.
     trainer: pl.Trainer = instantiate(

@@ -50,7 +50,8 @@ def explain_oom(batch_size: int, device: torch.device) -> str:
     total = torch.cuda.get_device_properties(device).total_memory / gib
     return (
         f"CUDA out of memory on {device} with data.batch_size={batch_size}: peak {peak:.1f} GiB "
-        f"allocated of {total:.1f} GiB. Try a smaller batch (data.batch_size={max(1, batch_size // 2)}), "
+        f"allocated of {total:.1f} GiB. Try a smaller batch "
+        f"(data.batch_size={max(1, batch_size // 2)}), "
         "mixed precision (precision=bf16-mixed or 16-mixed), or let volt find the largest batch "
         "that fits (tune=batch_size)."
     )

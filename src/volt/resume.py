@@ -13,8 +13,17 @@ from volt.config.validation import ConfigError
 from volt.run_records import METRICS_FILE
 
 log = logging.getLogger("volt")
-# Overrides that may change between attempts of one named run without making it another run.
-RESUME_FREE = ("resume", "trainer.max_epochs", "trainer.max_steps", "trainer.devices")
+# Overrides (keys or key prefixes) that may change between attempts of one named run without
+# making it another run: how long to train, where, and how it looks on screen.
+RESUME_FREE = (
+    "resume",
+    "trainer.max_epochs",
+    "trainer.max_steps",
+    "trainer.devices",
+    "paths.",
+    "callbacks.progress_bar",
+    "callbacks.model_summary",
+)
 
 
 @dataclass(frozen=True)
@@ -24,7 +33,9 @@ class ResumePlan:
 
 
 def _identity(overrides: list[str]) -> list[str]:
-    return sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in RESUME_FREE)
+    return sorted(
+        o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(RESUME_FREE)
+    )
 
 
 def check_same_run(run_dir: Path, name: str, overrides: list[str]) -> None:

@@ -86,7 +86,7 @@ def run_record(run_dir: Path) -> Iterator[dict[str, Any]]:
     """run.json: command line, git commit, start/end time and how the run ended; beside it the
     uncommitted diff (git.diff) and installed packages (packages.txt). Written at start, so a
     killed run still has one, and rewritten at the end with the outcome."""
-    if rank_zero_only.rank != 0:
+    if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning at import
         yield {}
         return
     commit = _git("rev-parse", "HEAD")

@@ -21,7 +21,13 @@ from volt.console import (
 )
 from volt.env import headline, save_device_report
 from volt.gpu import apply_matmul_precision, explain_oom
-from volt.run_records import log_final_hparams, save_resolved_config, write_metrics
+from volt.resume import plan_resume
+from volt.run_records import (
+    log_final_hparams,
+    run_record,
+    save_resolved_config,
+    write_metrics,
+)
 from volt.strategies.ddp import ranks_end_with_run
 from volt.tuning import find_batch_size, find_learning_rate
 
@@ -41,7 +47,7 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> None:
     silence_known_warnings()
     save_resolved_config(cfg, run_dir)
     print_config_tree(cfg, save_to=run_dir / "config_tree.txt")
-    if pl.utilities.rank_zero_only.rank == 0:
+    if pl.utilities.rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set at import
         report = save_device_report(run_dir)
         log.info(headline(report))
     matmul = apply_matmul_precision(cfg.matmul_precision)
@@ -50,10 +56,13 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> None:
         pl.seed_everything(cfg.seed, workers=True)
 
 
-def fit_and_test(run: TrainingObjects, test: bool) -> tuple[dict[str, float], str]:
-    """Fit, then test the best checkpoint (or the final weights when none was kept)."""
+def fit_and_test(
+    run: TrainingObjects, test: bool, resume_from: Path | None
+) -> tuple[dict[str, float], str]:
+    """Fit (continuing from `resume_from` if given), then test the best checkpoint (or the final
+    weights when none was kept)."""
     try:
-        run.trainer.fit(run.model, datamodule=run.datamodule)
+        run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
     except torch.OutOfMemoryError as error:
         device = run.trainer.strategy.root_device
         raise TrainingOutOfMemoryError(explain_oom(run.datamodule.batch_size, device)) from error
@@ -70,16 +79,24 @@ def train(cfg: DictConfig) -> dict[str, float]:
     """One run; returns its final metrics (validation and test)."""
     run_dir = Path(cfg.paths.output_dir)
     prepare_run(cfg, run_dir)
-    run = build_training(cfg)
-    log.info(describe_setup(run.trainer, cfg.compile.mode))
-    if cfg.tune == "batch_size":
-        find_batch_size(run.trainer, run.model, run.datamodule)
-    elif cfg.tune == "lr":
-        find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
-    with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
-        metrics, best = fit_and_test(run, cfg.test)
-    log_final_hparams(run.trainer.loggers, cfg, metrics)
-    write_metrics(run_dir, metrics, best_checkpoint=best)
+    plan = plan_resume(run_dir, cfg.name, cfg.resume)
+    if plan.finished is not None:
+        log.info(
+            "run %s already finished: nothing to do (pick a new name to train again)", cfg.name
+        )
+        print_result(plan.finished, run_dir)
+        return plan.finished
+    with run_record(run_dir):
+        run = build_training(cfg)
+        log.info(describe_setup(run.trainer, cfg.compile.mode))
+        if cfg.tune == "batch_size":
+            find_batch_size(run.trainer, run.model, run.datamodule)
+        elif cfg.tune == "lr":
+            find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
+        with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
+            metrics, best = fit_and_test(run, cfg.test, plan.checkpoint)
+        log_final_hparams(run.trainer.loggers, cfg, metrics)
+        write_metrics(run_dir, metrics, best_checkpoint=best)
     print_result(metrics, run_dir)
     return metrics
 

@@ -1,4 +1,4 @@
-"""`tune=batch_size` and `tune=lr`: Lightning's finders, run before fit, results kept in the run dir."""
+"""`tune=batch_size` and `tune=lr`: Lightning's finders, run before fit, results in the run dir."""
 
 import functools
 import logging
@@ -26,14 +26,15 @@ def find_batch_size(
 def find_learning_rate(
     trainer: pl.Trainer, model: Classifier, datamodule: ImageClassificationDataModule, run_dir: Path
 ) -> float:
-    """Sweep the learning rate over a short run, take Lightning's suggestion, plot to lr_find.png."""
+    """Sweep the learning rate over a short run, take Lightning's suggestion, plot lr_find.png."""
     finder = Tuner(trainer).lr_find(model, datamodule=datamodule, update_attr=False)
-    if finder is None or finder.suggestion() is None:
+    suggestion = finder.suggestion() if finder is not None else None
+    if finder is None or suggestion is None:
         raise RuntimeError("the learning-rate finder found no suggestion; run without tune=lr")
-    lr = float(finder.suggestion())
+    lr = float(suggestion)
     figure = finder.plot(suggest=True)
     figure.savefig(run_dir / "lr_find.png")  # type: ignore[union-attr]
-    model.optimizer_factory = functools.partial(model.optimizer_factory, lr=lr)
+    model.optimizer_factory = functools.partial(model.optimizer_factory, lr=lr)  # type: ignore[call-arg]
     log.info(
         "learning-rate finder: model.optimizer.lr=%.3g (plot: %s)", lr, run_dir / "lr_find.png"
     )

@@ -14,7 +14,7 @@ class RNGStateInCheckpoint(Callback):
     """
 
     def state_dict(self) -> dict[str, Any]:
-        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        _kind, keys, pos, has_gauss, gauss = np.random.get_state()
         state: dict[str, Any] = {
             "torch": torch.get_rng_state(),
             "python": list(random.getstate()[1]),

@@ -49,5 +49,9 @@ OmegaConf.register_new_resolver("volt.project_root", lambda: str(PROJECT_ROOT), 
 # use_cache: the value is kept in the config, so a sweep job that Hydra's submitit launcher runs in
 # another process (a SLURM task) resolves the sweep directory its launcher made.
 OmegaConf.register_new_resolver("volt.stamp", run_stamp, replace=True, use_cache=True)
+# A named run's directory is its name; an unnamed one's is the stamp.
+OmegaConf.register_new_resolver(
+    "volt.run_id", lambda name: str(name) if name else run_stamp(), replace=True, use_cache=True
+)
 OmegaConf.register_new_resolver("volt.devices_per_node", devices_per_node, replace=True)
 OmegaConf.register_new_resolver("volt.rank_log_suffix", rank_log_suffix, replace=True)

@@ -13,6 +13,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from volt.config.validation import ConfigError, check_checkpoint, check_config, check_machine
+from volt.resume import check_same_run
 
 log = logging.getLogger(__name__)
 
@@ -56,5 +57,8 @@ class VoltCallback(Callback):
             check_machine(config)
             if config.get("task_name") == "eval":
                 check_checkpoint(config)
+            elif config.get("name") and not in_multirun():
+                run_dir = Path(config.hydra.run.dir)
+                check_same_run(run_dir, config.name, list(config.hydra.overrides.task))
         except ConfigError as error:
             exit_on_config_error(error)

@@ -1,6 +1,7 @@
 """Checks a composed config before anything is started: each problem becomes one line that names
 the key, the bad value, what is allowed and what to type instead."""
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,16 @@ def one_of(*values: Any) -> Callable[[Any], bool]:
     return lambda v: v in values
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 TRAIN_RULES = (
+    Rule(
+        "name",
+        lambda v: v is None or (isinstance(v, str) and NAME.fullmatch(v) is not None),
+        "null or letters, digits, '.', '_' and '-' (it becomes a directory name)",
+        "name=cifar-baseline",
+    ),
+    Rule("resume", one_of(None, True, False), "null, true or false", "resume=true"),
     Rule(
         "precision", one_of(*PRECISIONS), "one of " + ", ".join(PRECISIONS), "precision=bf16-mixed"
     ),

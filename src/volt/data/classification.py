@@ -92,7 +92,8 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         super().__init__()
         if not 0 < val_fraction < 1:
             raise ValueError(
-                f"data.val_fraction={val_fraction} must be between 0 and 1, e.g. data.val_fraction=0.1"
+                f"data.val_fraction={val_fraction} must be between 0 and 1, "
+                "e.g. data.val_fraction=0.1"
             )
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -130,7 +131,8 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         self, images: Tensor, labels: Tensor, fraction: float
     ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         """Seeded split: (the rest, the fraction). Same split on every run and every rank."""
-        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.split_seed))
+        generator = torch.Generator().manual_seed(self.split_seed)
+        order = torch.randperm(len(labels), generator=generator)
         cut = round(len(labels) * fraction)
         rest, part = order[cut:], order[:cut]
         return (images[rest], labels[rest]), (images[part], labels[part])
@@ -150,7 +152,9 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         """Where training stands in the data (saved in checkpoints): epoch and batches done."""
         if self.trainer is None:
             return {}
-        done = self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        # `processed` counts the batches whose step ran, the one being saved after included.
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        done = progress.processed  # type: ignore[attr-defined]  # a _ProcessedTracker at run time
         return {"epoch": self.trainer.current_epoch, "batches_done": done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -18,8 +18,8 @@ class DigitsDataModule(ImageClassificationDataModule):
         super().__init__(**loader_and_split)
         if not 0 < test_fraction < 1 or self.val_fraction + test_fraction >= 1:
             raise ValueError(
-                f"data.val_fraction={self.val_fraction} and data.test_fraction={test_fraction} leave "
-                "no training data; keep both above 0 with a sum below 1, "
+                f"data.val_fraction={self.val_fraction} and data.test_fraction={test_fraction} "
+                "leave no training data; keep both above 0 with a sum below 1, "
                 "e.g. data.val_fraction=0.15 data.test_fraction=0.15"
             )
         self.test_fraction = test_fraction

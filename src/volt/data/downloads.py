@@ -16,7 +16,8 @@ def ensure_files(
     download: bool,
     fetch: Callable[[], object],
 ) -> None:
-    """Make sure `folder` holds `files`; fetch them if allowed, else say exactly what to put where."""
+    """Make sure `folder` holds `files`: fetch them if allowed, else say what to put where."""
+
     def present() -> bool:
         return all((folder / f).is_file() for f in files)
 
@@ -35,4 +36,6 @@ def ensure_files(
             f"({type(error).__name__}: {error}); {where}, or run once with network access"
         ) from error
     if not present():
-        raise DataNotFoundError(f"data.root={root}: the {name} download did not produce them; {where}")
+        raise DataNotFoundError(
+            f"data.root={root}: the {name} download did not produce them; {where}"
+        )

@@ -28,7 +28,7 @@ class MNISTDataModule(ImageClassificationDataModule):
         self.download = download
 
     def prepare_data(self) -> None:
-        # Lightning calls this on one process per node, before setup(): the only place that downloads.
+        # Called on one process per node before setup(): the one place that downloads.
         from torchvision.datasets import MNIST
 
         ensure_files(
@@ -37,7 +37,7 @@ class MNISTDataModule(ImageClassificationDataModule):
             self.root / "MNIST" / "raw",
             RAW_FILES,
             self.download,
-            lambda: (MNIST(self.root, train=True, download=True), MNIST(self.root, train=False, download=True)),
+            lambda: [MNIST(self.root, train=t, download=True) for t in (True, False)],
         )
 
     def load_splits(
