@@ -1,0 +1,47 @@
+import logging
+import time
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger("volt")
+
+
+class EpochThroughput(Callback):
+    """Training samples per second over each epoch (all processes together), logged as
+    `perf/train_samples_per_s` and printed; the GPU is synchronised only at epoch boundaries."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.samples = 0
+
+    def _sync(self, trainer: pl.Trainer) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sync(trainer)
+        self.samples = 0
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: object,
+        batch: object,
+        batch_idx: int,
+    ) -> None:
+        # (B, ...) inputs on this process; every process runs the same number of batches
+        self.samples += len(batch[0]) * trainer.world_size  # type: ignore[index]
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sync(trainer)
+        seconds = time.perf_counter() - self.start
+        rate = self.samples / seconds if seconds > 0 else 0.0
+        pl_module.log("perf/train_samples_per_s", rate, rank_zero_only=True)
+        if trainer.is_global_zero:
+            log.info(
+                "epoch %d: %.0f training samples/s (%.1f s)", trainer.current_epoch, rate, seconds
+            )
