@@ -96,7 +96,7 @@ def test_sigterm_and_sigint_exit_with_128_plus_signal_after_saving(
 class SignalAt(Callback):
     """Sends `signum` to this very process when `stage` reaches batch `batch`."""
 
-    def __init__(self, signum: int, stage: str, batch: int) -> None:
+    def __init__(self, signum: signal.Signals, stage: str, batch: int) -> None:
         self.signum, self.stage, self.batch = signum, stage, batch
 
     def on_train_batch_start(
@@ -105,7 +105,12 @@ class SignalAt(Callback):
         self._maybe_signal("train", batch_idx)
 
     def on_validation_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: object,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self._maybe_signal("sanity check" if trainer.sanity_checking else "validation", batch_idx)
 
@@ -156,6 +161,7 @@ def fit_until_signalled(tmp_path: Path, signal_at: SignalAt, **trainer_args: obj
         trainer.fit(Regression(), eight_batches(), eight_batches())
 
     assert stopped.value.code == 128 + signal_at.signum
+    assert str(stopped.value) == f"stopped on {signal_at.signum.name}; saved {tmp_path}/last.ckpt"
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers_before
     return torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"]
 

@@ -30,8 +30,8 @@ class FiniteGuard(Callback):
     overflow to inf from time to time by design; the scaler then skips that step and lowers its
     scale. There the gradients are the scaler's to judge and only the loss is checked. The loss
     this callback sees is the scaled one: scaling cannot make NaN out of a finite loss, and its
-    overflow to inf would take loss x scale > 3e38, a scale the scaler never reaches while fp16
-    gradients overflow at 65504.
+    overflow to inf would take loss x scale > 3e38, a scale the scaler does not reach in practice
+    (it halves the scale whenever the fp16 gradients overflow, at 65504).
     """
 
     def __init__(self) -> None:
@@ -75,8 +75,8 @@ class FiniteGuard(Callback):
             where = _describe_loss(loss_finite) if loss_bad else _describe_gradients(pl_module)
             raise NonFiniteLossError(
                 f"{where} at global step {trainer.global_step}; training stopped before this step"
-                f" changed the weights, so they and the newest checkpoint are the last finite"
-                f" ones. Try: {FIXES}"
+                f" changed the weights (they, and every checkpoint written so far, are finite)."
+                f" Try: {FIXES}"
             )
 
 

@@ -35,6 +35,9 @@ class TrainingInterrupted(SystemExit):
         self.signum = signum
         self.checkpoint = checkpoint
 
+    def __str__(self) -> str:  # SystemExit's own is just the exit status
+        return f"stopped on {signal.Signals(self.signum).name}; saved {self.checkpoint}"
+
 
 class GracefulShutdown(Callback):
     """On SIGTERM or SIGINT: save `<checkpoint_dir>/last.ckpt` after the next optimizer step, stop.

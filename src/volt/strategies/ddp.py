@@ -170,13 +170,15 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
     def wait_for_ranks(self) -> str | None:
         """After rank 0 ended the run well: wait for the other ranks; say which failed, if any."""
         self._run_ended.set()
+        # Close the process group first: every rank does so as its run ends, and a rank whose
+        # peers keep theirs open can wait at exit in the NCCL teardown (seen on 2 x H200).
+        self._release_rendezvous()
         for proc in self.procs:
             try:
                 proc.wait(timeout=RANK_EXIT_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._release_rendezvous()
         failed = self._ranks_that_failed()
         return self._describe(failed) if failed else None
 

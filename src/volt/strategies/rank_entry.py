@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from volt.strategies.ddp import rank_log_file
@@ -40,6 +41,8 @@ def main() -> None:
     log.info("Rank %d trains %s", rank, config_file)
     try:
         train(cfg)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     except Exception:
         # Logged rather than left to the interpreter so that the rank's own log holds it too. Then
         # out at once: rank 0 reads this exit code to tell what broke the run, and a failed rank
@@ -47,6 +50,10 @@ def main() -> None:
         log.exception("Rank %d failed", rank)
         logging.shutdown()
         os._exit(1)
+    # The run is over and this rank writes nothing else: skip the interpreter's teardown, where
+    # CUDA and NCCL finalisers can stall long enough for rank 0 to count the rank as hung.
+    logging.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":
