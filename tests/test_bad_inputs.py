@@ -142,3 +142,31 @@ def test_bad_eval_input(
         assert message in err, (overrides, err)
         assert "Traceback" not in err
         assert snapshot(outputs) == before
+
+
+def test_missing_data_files_are_one_clear_line(
+    run_main: Callable[..., tuple[int, str]], tmp_path: Path
+) -> None:
+    code, err = run_main(["data=mnist", f"data.root={tmp_path / 'nowhere'}", "data.download=false"])
+    assert code == 2
+    assert f"data.root={tmp_path / 'nowhere'}: MNIST files not found" in err
+    assert "train-images-idx3-ubyte" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["resume=true"], "resume=true needs a run name"),
+        (["name=new-run", "resume=true"], "name=new-run with resume=true, but"),
+        (["name=has/slash"], "name='has/slash' is not valid"),
+    ],
+)
+def test_bad_resume_requests(
+    overrides: list[str], message: str, run_main: Callable[..., tuple[int, str]], outputs: Path
+) -> None:
+    before = snapshot(outputs)
+    code, err = run_main(overrides)
+    assert code == 2, err
+    assert message in err
+    assert {k: v for k, v in snapshot(outputs).items() if k in before} == before

@@ -4,6 +4,7 @@
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -16,6 +17,7 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from volt.callbacks.graceful_shutdown import TrainingInterrupted
 from volt.config import PROJECT_ROOT
 
 HPARAM_GROUPS = ("data", "model", "trainer", "compile", "precision", "seed")
@@ -70,6 +72,11 @@ def write_metrics(run_dir: Path, metrics: Mapping[str, float], **details: Any) -
     (run_dir / METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def record_failure(run_dir: Path, error: str) -> None:
+    """metrics.json for a run that ended in an error, so a sweep summary can say why."""
+    (run_dir / METRICS_FILE).write_text(json.dumps({"status": "failed", "error": error}) + "\n")
+
+
 def _git(*args: str) -> str | None:
     """Output of a git command in the project, or None outside a git checkout / without git."""
     try:
@@ -108,6 +115,10 @@ def run_record(run_dir: Path) -> Iterator[dict[str, Any]]:
     try:
         yield record
         record["status"] = "completed"
+    except TrainingInterrupted as stop:
+        record["status"] = "interrupted"
+        record["signal"] = signal.Signals(stop.signum).name
+        raise
     except BaseException as error:
         record["status"] = "failed"
         record["error"] = f"{type(error).__name__}: {error}"

@@ -1,14 +1,18 @@
 """`python train.py [overrides]`: compose the config, check it, build the objects, fit, test."""
 
 import logging
+import signal
+import sys
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from volt.build import TrainingObjects, build_training
+from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.config import CONF_DIR
 from volt.config.hydra_callbacks import exit_on_config_error, in_multirun
 from volt.config.validation import ConfigError, check_config, check_machine, check_resolves
@@ -19,6 +23,7 @@ from volt.console import (
     route_lightning_logs,
     silence_known_warnings,
 )
+from volt.data.downloads import DataNotFoundError
 from volt.env import headline, save_device_report
 from volt.gpu import apply_matmul_precision, explain_oom
 from volt.resume import plan_resume
@@ -105,7 +110,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
-    except (ConfigError, TrainingOutOfMemoryError) as error:
+    except SIGTERMException:
+        # Lightning's own SIGTERM path (outside fit's steps, e.g. during test) exits 0: a
+        # scheduler would count the job as done.
+        sys.exit(128 + signal.SIGTERM)
+    except (ConfigError, TrainingOutOfMemoryError, NonFiniteLossError, DataNotFoundError) as error:
         if in_multirun():
             raise  # fail this job only; the sweep goes on and its summary lists the failure
         exit_on_config_error(error)

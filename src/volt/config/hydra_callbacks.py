@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from volt.config.validation import ConfigError, check_checkpoint, check_config, check_machine
 from volt.resume import check_same_run
+from volt.run_records import record_failure
+from volt.sweeps.summary import print_sweep_summary, write_sweep_summary
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +42,19 @@ class VoltCallback(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         # Hydra keeps a failed sweep job's exception to itself; say which job failed and why.
-        if job_return.status == JobStatus.FAILED and in_multirun():
+        if not in_multirun():
+            return
+        if job_return.status == JobStatus.FAILED:
             error = job_return._return_value
             job = OmegaConf.select(config, "hydra.job.num", default="")
             log.error("job %s failed: %s: %s", job, type(error).__name__, error)
+            job_dir = Path(config.hydra.runtime.output_dir)
+            record_failure(job_dir, f"{type(error).__name__}: {error}")
+        # Hydra skips on_multirun_end when a job failed, so the table is kept current here.
+        write_sweep_summary(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from volt.sweeps.summary import write_sweep_summary
-
-        write_sweep_summary(Path(config.hydra.sweep.dir), str(config.get("optimized_metric")))
+        print_sweep_summary(Path(config.hydra.sweep.dir), str(config.get("optimized_metric")))
 
     @staticmethod
     def _validate(config: DictConfig) -> None:

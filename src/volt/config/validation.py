@@ -219,6 +219,14 @@ def check_machine(cfg: DictConfig) -> None:
             f"trainer.accelerator={accelerator!r} but no CUDA GPU is visible here "
             "(torch.cuda.is_available() is False): use trainer=cpu, or trainer.accelerator=auto"
         )
+    devices = OmegaConf.select(cfg, "trainer.devices")
+    available = torch.cuda.device_count()
+    on_gpus = accelerator in ("gpu", "cuda") or (accelerator == "auto" and available)
+    if on_gpus and _is_int(devices) and devices > available:
+        raise ConfigError(
+            f"trainer.devices={devices} but {available} GPU(s) are visible here: "
+            f"use trainer.devices={available} (or -1 for all), or check CUDA_VISIBLE_DEVICES"
+        )
     precision = str(cfg.get("precision"))
     on_gpu = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
     if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from volt.callbacks.graceful_shutdown import TrainingInterrupted
 from volt.strategies.ddp import rank_log_file
 from volt.train import train
 
@@ -43,6 +44,9 @@ def main() -> None:
         train(cfg)
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    except TrainingInterrupted as stop:  # saved by rank 0; leave as quickly as on failure
+        logging.shutdown()
+        os._exit(int(stop.code or 1))
     except Exception:
         # Logged rather than left to the interpreter so that the rank's own log holds it too. Then
         # out at once: rank 0 reads this exit code to tell what broke the run, and a failed rank
