@@ -3,6 +3,7 @@
 import csv
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,3 +83,24 @@ def test_eval_of_missing_checkpoint_is_one_clear_line(run_volt: Run, tmp_path: P
     assert result.returncode == 2
     assert "ckpt_path='nowhere.ckpt' is not valid: use an existing checkpoint file" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_conf_is_found_from_any_directory(tmp_path: Path) -> None:
+    """Hydra's config path is the project's conf/, not one relative to where the user stands."""
+    from volt.config import PROJECT_ROOT
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PROJECT_ROOT / "train.py"),
+            "debug=fdr",
+            "callbacks.progress_bar=null",
+            f"paths.outputs_dir={tmp_path / 'outputs'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "outputs" / "train" / "runs").is_dir()

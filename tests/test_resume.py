@@ -100,3 +100,18 @@ def test_finished_run_is_not_trained_again(tmp_path: Path) -> None:
     assert "already finished" in log
     assert (run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before
     assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
+
+
+def test_named_ddp_run_continues_on_every_rank(tmp_path: Path) -> None:
+    """Both CPU ranks pick up the same checkpoint: training goes on from its step, not from 0."""
+    outputs = tmp_path / "outputs"
+    ddp = ["trainer=ddp", "trainer.max_epochs=1"]
+    finish(start("ddp-run", outputs, *ddp))
+    run_dir = outputs / "train" / "runs" / "ddp-run"
+    (run_dir / "metrics.json").unlink()  # as if killed after the last checkpoint
+    log = finish(start("ddp-run", outputs, "trainer=ddp", "trainer.max_epochs=2"))
+    assert "resuming run ddp-run from" in log
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    steps_per_epoch = 1258 // 64  # 2 ranks x 32 samples a step
+    assert last["global_step"] == 2 * steps_per_epoch
+    assert "resuming run ddp-run" in (run_dir / "train_rank1.log").read_text()

@@ -6,9 +6,9 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 from torch import Tensor
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import SequentialSampler
 
-from volt.data.classification import TensorImageDataset
+from volt.data.classification import ResumableRandomSampler, TensorImageDataset
 from volt.data.digits import DigitsDataModule
 
 # conf/data/digits.yaml: 270 test (round(0.15 * 1797)), then 269 of the remaining 1527 for
@@ -100,7 +100,7 @@ def test_train_drops_the_last_partial_batch_and_val_test_keep_it(
     ready: DigitsDataModule,
 ) -> None:
     train, val, test = ready.train_dataloader(), ready.val_dataloader(), ready.test_dataloader()
-    assert isinstance(train.sampler, RandomSampler)
+    assert isinstance(train.sampler, ResumableRandomSampler)
     assert isinstance(val.sampler, SequentialSampler)
     assert isinstance(test.sampler, SequentialSampler)
 
@@ -189,3 +189,17 @@ def test_worker_settings_apply_only_with_workers() -> None:
     dm.num_workers = 2
     loader = dm.train_dataloader()  # constructing a DataLoader starts no worker yet
     assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == (2, True, 4)
+
+
+def test_resumable_sampler_is_a_seeded_shuffle_that_can_start_part_way() -> None:
+    sampler = ResumableRandomSampler(100, seed=7)
+    sampler.set_epoch(3)
+    epoch3 = list(sampler)
+    assert sorted(epoch3) == list(range(100)) and epoch3 != list(range(100))
+    assert list(sampler) == epoch3  # a pure function of (seed, epoch)
+    sampler.set_epoch(4)
+    assert list(sampler) != epoch3
+    sampler.skip[3] = 40  # resumed after 40 samples of epoch 3
+    sampler.set_epoch(3)
+    assert list(sampler) == epoch3[40:]
+    assert list(sampler) == epoch3  # the skip applies to the resumed epoch's first pass only
