@@ -170,3 +170,21 @@ def test_bad_resume_requests(
     assert code == 2, err
     assert message in err
     assert {k: v for k, v in snapshot(outputs).items() if k in before} == before
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.test_fraction=0.9"], "leave no training data"),
+        (["data.test_fraction=0"], "data.test_fraction=0 is not valid"),
+        (["trainer=ddp", "data.batch_size=63"], "data.batch_size=63 does not divide over 2"),
+    ],
+)
+def test_bad_values_found_across_keys(
+    overrides: list[str], message: str, run_main: Callable[..., tuple[int, str]], outputs: Path
+) -> None:
+    before = snapshot(outputs)
+    code, err = run_main(overrides)
+    assert code == 2, err
+    assert message in err
+    assert snapshot(outputs) == before

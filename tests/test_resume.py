@@ -105,8 +105,8 @@ def test_finished_run_is_not_trained_again(tmp_path: Path) -> None:
 def test_named_ddp_run_continues_on_every_rank(tmp_path: Path) -> None:
     """Both CPU ranks pick up the same checkpoint: training goes on from its step, not from 0."""
     outputs = tmp_path / "outputs"
-    ddp = ["trainer=ddp", "trainer.max_epochs=1"]
-    finish(start("ddp-run", outputs, *ddp))
+    # max_steps may change between attempts (max_epochs may not: the LR schedule depends on it)
+    finish(start("ddp-run", outputs, "trainer=ddp", "trainer.max_epochs=2", "trainer.max_steps=19"))
     run_dir = outputs / "train" / "runs" / "ddp-run"
     (run_dir / "metrics.json").unlink()  # as if killed after the last checkpoint
     log = finish(start("ddp-run", outputs, "trainer=ddp", "trainer.max_epochs=2"))

@@ -5,7 +5,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.callbacks import (
+    Callback,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    RichProgressBar,
+)
 from lightning.pytorch.loggers import CSVLogger, Logger
 from omegaconf import DictConfig, OmegaConf
 
@@ -76,8 +81,16 @@ def build_training(cfg: DictConfig) -> TrainingObjects:
     # ...and the random generators' states, so a resumed run draws what an unbroken one would.
     callbacks.append(RNGStateInCheckpoint())
     loggers = build_loggers(cfg.get("logger"))
+    if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
     # Checkpoints are written to a temporary file and renamed: a kill never leaves a torn one.
     trainer: pl.Trainer = instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=[AtomicCheckpointIO()],
+        # Without volt's checkpoint callbacks (callbacks=none) Lightning would add its own,
+        # writing where neither resume nor eval looks.
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
     )
     return TrainingObjects(datamodule, model, trainer)

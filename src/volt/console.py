@@ -4,11 +4,12 @@ import logging
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import yaml
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
@@ -37,14 +38,13 @@ def silence_known_warnings() -> None:
 
 
 @rank_zero_only
-def print_config_tree(cfg: DictConfig, save_to: Path | None = None) -> None:
+def print_config_tree(config: Mapping[str, Any], save_to: Path | None = None) -> None:
+    """The resolved config as a tree of its groups, printed and kept in the run directory."""
     tree = Tree("config", style="dim")
-    keys = [k for k in FIRST_GROUPS if k in cfg] + [k for k in cfg if k not in FIRST_GROUPS]
-    for key in map(str, keys):
-        value = cfg[key]
-        text = (
-            OmegaConf.to_yaml(value, resolve=True) if isinstance(value, DictConfig) else str(value)
-        )
+    keys = [k for k in FIRST_GROUPS if k in config] + [k for k in config if k not in FIRST_GROUPS]
+    for key in keys:
+        value = config[key]
+        text = yaml.safe_dump(value, sort_keys=False) if isinstance(value, Mapping) else str(value)
         tree.add(f"[bold]{key}[/bold]").add(Syntax(text, "yaml", theme="ansi_dark"))
     Console().print(tree)
     if save_to is not None:

@@ -14,10 +14,10 @@ from volt.run_records import METRICS_FILE
 
 log = logging.getLogger("volt")
 # Overrides (keys or key prefixes) that may change between attempts of one named run without
-# making it another run: how long to train, where, and how it looks on screen.
+# making it another run: where it runs and how it looks on screen. (trainer.max_epochs is not
+# among them: the LR schedule's length is derived from it and restored from the checkpoint.)
 RESUME_FREE = (
     "resume",
-    "trainer.max_epochs",
     "trainer.max_steps",
     "trainer.devices",
     "paths.",

@@ -13,9 +13,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import yaml
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf
 
 from volt.callbacks.graceful_shutdown import TrainingInterrupted
 from volt.config import PROJECT_ROOT
@@ -25,12 +25,12 @@ METRICS_FILE = "metrics.json"
 
 
 @rank_zero_only
-def save_resolved_config(cfg: DictConfig, run_dir: Path) -> None:
+def save_resolved_config(config: Mapping[str, Any], run_dir: Path) -> None:
     """.hydra/config.yaml keeps interpolations; this copy shows the values the run really used."""
-    (run_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "config_resolved.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
 
 
-def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
+def flat_hparams(config: Mapping[str, Any]) -> dict[str, Any]:
     """`model.optimizer.lr: 0.003`, ...: scalars as they are, lists as text, for the hparams tab."""
     flat: dict[str, Any] = {}
 
@@ -43,20 +43,18 @@ def flat_hparams(cfg: DictConfig) -> dict[str, Any]:
         else:
             flat[prefix] = str(value)
 
-    container = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(container, dict)
     for group in HPARAM_GROUPS:
-        if group in container:
-            walk(group, container[group])
+        if group in config:
+            walk(group, config[group])
     return flat
 
 
 @rank_zero_only
 def log_final_hparams(
-    loggers: Sequence[Logger], cfg: DictConfig, metrics: Mapping[str, float]
+    loggers: Sequence[Logger], config: Mapping[str, Any], metrics: Mapping[str, float]
 ) -> None:
     """One hparams record per run, written after test so it carries real results."""
-    params = flat_hparams(cfg)
+    params = flat_hparams(config)
     for logger in loggers:
         if isinstance(logger, TensorBoardLogger):
             # TensorBoard links hparams to metrics in one record; the hparams tab shows both.
@@ -89,12 +87,12 @@ def _git(*args: str) -> str | None:
 
 
 @contextmanager
-def run_record(run_dir: Path) -> Iterator[dict[str, Any]]:
+def run_record(run_dir: Path) -> Iterator[None]:
     """run.json: command line, git commit, start/end time and how the run ended; beside it the
     uncommitted diff (git.diff) and installed packages (packages.txt). Written at start, so a
     killed run still has one, and rewritten at the end with the outcome."""
     if rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set by Lightning at import
-        yield {}
+        yield
         return
     commit = _git("rev-parse", "HEAD")
     diff = _git("diff", "HEAD")
@@ -113,7 +111,7 @@ def run_record(run_dir: Path) -> Iterator[dict[str, Any]]:
     path = run_dir / "run.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     try:
-        yield record
+        yield
         record["status"] = "completed"
     except TrainingInterrupted as stop:
         record["status"] = "interrupted"

@@ -4,12 +4,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from volt.build import TrainingObjects, build_training
 from volt.callbacks.finite_guard import NonFiniteLossError
@@ -43,15 +44,17 @@ class TrainingOutOfMemoryError(RuntimeError):
     """CUDA ran out of memory; str(error) says what to change."""
 
 
-def prepare_run(cfg: DictConfig, run_dir: Path) -> None:
-    """Everything before the objects exist: checks, records, seeds, global torch settings."""
+def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Everything before the objects exist: checks, records, seeds, global torch settings.
+    Returns the resolved config as plain data, which is all the helpers past this point see."""
     check_config(cfg)
     check_resolves(cfg)
     check_machine(cfg)
     route_lightning_logs()
     silence_known_warnings()
-    save_resolved_config(cfg, run_dir)
-    print_config_tree(cfg, save_to=run_dir / "config_tree.txt")
+    resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    save_resolved_config(resolved, run_dir)
+    print_config_tree(resolved, save_to=run_dir / "config_tree.txt")
     if pl.utilities.rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set at import
         report = save_device_report(run_dir)
         log.info(headline(report))
@@ -59,6 +62,7 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> None:
     log.info("float32 matmul precision: %s", matmul)
     if cfg.seed is not None:
         pl.seed_everything(cfg.seed, workers=True)
+    return resolved
 
 
 def fit_and_test(
@@ -83,8 +87,11 @@ def fit_and_test(
 def train(cfg: DictConfig) -> dict[str, float]:
     """One run; returns its final metrics (validation and test)."""
     run_dir = Path(cfg.paths.output_dir)
-    prepare_run(cfg, run_dir)
-    plan = plan_resume(run_dir, cfg.name, cfg.resume)
+    resolved = prepare_run(cfg, run_dir)
+    # Rank 0 enforces resume=true/false; the other ranks start after it wrote run.json and
+    # would see a run that "already exists".
+    rank = pl.utilities.rank_zero_only.rank  # type: ignore[attr-defined]  # set at import
+    plan = plan_resume(run_dir, cfg.name, cfg.resume if rank == 0 else None)
     if plan.finished is not None:
         log.info(
             "run %s already finished: nothing to do (pick a new name to train again)", cfg.name
@@ -100,7 +107,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
         with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
             metrics, best = fit_and_test(run, cfg.test, plan.checkpoint)
-        log_final_hparams(run.trainer.loggers, cfg, metrics)
+        log_final_hparams(run.trainer.loggers, resolved, metrics)
         write_metrics(run_dir, metrics, best_checkpoint=best)
     print_result(metrics, run_dir)
     return metrics

@@ -27,7 +27,15 @@ def find_learning_rate(
     trainer: pl.Trainer, model: Classifier, datamodule: ImageClassificationDataModule, run_dir: Path
 ) -> float:
     """Sweep the learning rate over a short run, take Lightning's suggestion, plot lr_find.png."""
-    finder = Tuner(trainer).lr_find(model, datamodule=datamodule, update_attr=False)
+    steps = 100
+    finder = Tuner(trainer).lr_find(
+        model, datamodule=datamodule, update_attr=False, num_training=steps
+    )
+    if finder is not None and len(finder.results.get("lr", [])) < steps:
+        raise RuntimeError(
+            f"the learning-rate finder ran {len(finder.results.get('lr', []))} of its {steps} "
+            "steps (max_epochs ended it): raise trainer.max_epochs, or set model.optimizer.lr"
+        )
     suggestion = finder.suggestion() if finder is not None else None
     if finder is None or suggestion is None:
         raise RuntimeError("the learning-rate finder found no suggestion; run without tune=lr")

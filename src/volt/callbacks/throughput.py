@@ -20,6 +20,10 @@ class EpochThroughput(Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize(trainer.strategy.root_device)
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A run resumed mid-epoch gets no on_train_epoch_start for that epoch.
+        self.on_train_epoch_start(trainer, pl_module)
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._sync(trainer)
         self.samples = 0

@@ -46,10 +46,9 @@ def rank_log_suffix() -> str:
 
 
 OmegaConf.register_new_resolver("volt.project_root", lambda: str(PROJECT_ROOT), replace=True)
-# use_cache: the value is kept in the config, so a sweep job that Hydra's submitit launcher runs in
-# another process (a SLURM task) resolves the sweep directory its launcher made.
-OmegaConf.register_new_resolver("volt.stamp", run_stamp, replace=True, use_cache=True)
-# A named run's directory is its name; an unnamed one's is the stamp.
+# A named run's directory is its name; an unnamed one's is the stamp. use_cache: the value is
+# kept in the config, so a sweep job that Hydra's submitit launcher runs in another process (a
+# SLURM task) resolves the sweep directory its launcher made.
 OmegaConf.register_new_resolver(
     "volt.run_id", lambda name: str(name) if name else run_stamp(), replace=True, use_cache=True
 )

@@ -74,6 +74,12 @@ TRAIN_RULES = (
         "data.val_fraction=0.1",
     ),
     Rule(
+        "data.test_fraction",
+        lambda v: _is_number(v) and 0 < v < 1,
+        "a number between 0 and 1",
+        "data.test_fraction=0.15",
+    ),
+    Rule(
         "trainer.accelerator",
         one_of(*ACCELERATORS),
         "one of " + ", ".join(ACCELERATORS),
@@ -187,6 +193,12 @@ def check_config(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"{rule.key}={value!r} is not valid: use {rule.allowed} (e.g. {rule.example})"
             )
+    val, test = (OmegaConf.select(cfg, f"data.{k}_fraction") for k in ("val", "test"))
+    if _is_number(val) and _is_number(test) and val + test >= 1:
+        raise ConfigError(
+            f"data.val_fraction={val} and data.test_fraction={test} leave no training data: "
+            "keep their sum below 1, e.g. data.val_fraction=0.15 data.test_fraction=0.15"
+        )
 
 
 def check_checkpoint(cfg: DictConfig) -> None:
@@ -227,6 +239,18 @@ def check_machine(cfg: DictConfig) -> None:
             f"trainer.devices={devices} but {available} GPU(s) are visible here: "
             f"use trainer.devices={available} (or -1 for all), or check CUDA_VISIBLE_DEVICES"
         )
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else str(strategy)
+    nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1)
+    batch = OmegaConf.select(cfg, "data.batch_size")
+    if "ddp" in target.lower() and _is_int(devices) and _is_int(batch) and _is_int(nodes):
+        processes = devices * nodes
+        if batch % processes:
+            raise ConfigError(
+                f"data.batch_size={batch} does not divide over {processes} DDP processes: "
+                f"use a multiple of {processes}, "
+                f"e.g. data.batch_size={max(1, batch // processes) * processes}"
+            )
     precision = str(cfg.get("precision"))
     on_gpu = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
     if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():

@@ -164,10 +164,12 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         assert self.train_set is not None, "call setup() first"
         # Seeded from torch's seed (seed_everything), so `seed=` changes the shuffle too.
         sampler = ResumableRandomSampler(len(self.train_set), seed=torch.initial_seed() % 2**31)  # type: ignore[arg-type]
-        if self._resume_at:
+        # Under DDP Lightning wraps this sampler in a distributed one that needs its full length:
+        # there the resumed epoch starts over (documented), on one process it continues exactly.
+        if self._resume_at and (self.trainer is None or self.trainer.world_size == 1):
             done = self._resume_at["batches_done"] * self.per_process_batch_size
             sampler.skip[self._resume_at["epoch"]] = done
-            self._resume_at = None
+        self._resume_at = None
         return self._loader(self.train_set, train=True, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:

@@ -55,15 +55,18 @@ class Classifier(pl.LightningModule):
         self.val_loss = MeanMetric()
         self.test_loss = MeanMetric()
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # saved in checkpoints: a resumed run keeps its best
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x.contiguous(memory_format=self.memory_format))  # (B, C, H, W) -> (B, K)
 
     def on_train_start(self) -> None:
-        # The sanity-check batches before training must not count towards the best accuracy.
+        # The sanity-check batches before training must not count towards the best accuracy
+        # (after a resume the best so far came back with the checkpoint and stays).
         self.val_acc.reset()
         self.val_loss.reset()
-        self.val_acc_best.reset()
+        if self.trainer.ckpt_path is None:
+            self.val_acc_best.reset()
 
     def training_step(self, batch: Batch, batch_idx: int) -> Tensor:
         x, y = batch

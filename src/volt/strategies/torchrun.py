@@ -1,7 +1,8 @@
 """What torchrun's ranks must agree on before Lightning starts: the name of their run directory.
 
-Under `torchrun`, every rank runs `train.py`, so every rank runs Hydra, which names the run
-directory with `${volt.stamp:}`: start time plus a random tag, different in every process. Rank 0
+Under `torchrun`, every rank runs `train.py`, so every rank runs Hydra, which names an unnamed
+run's directory with `${volt.run_id:${name}}`: start time plus a random tag, different in every
+process. Rank 0
 therefore publishes its stamp in the store that torchrun's agent already serves at
 MASTER_ADDR:MASTER_PORT (the one `init_process_group` joins later), and every other rank, on this
 node or on another, waits for it there. One key per restart: a restarted run gets a new directory.
