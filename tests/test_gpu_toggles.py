@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from omegaconf import DictConfig
 
 from volt.config.validation import PRECISIONS
@@ -39,8 +40,17 @@ def test_finders_run_before_fit(tune: str, compose_config: Compose, fast: list[s
     )
     metrics = train(cfg)
     assert metrics["val/acc"] > 0.5
+    run_dir = Path(cfg.paths.output_dir)
+    recorded = yaml.safe_load((run_dir / "config_resolved.yaml").read_text())
+    stored = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["volt_config"]
     if tune == "lr":
-        assert (Path(cfg.paths.output_dir) / "lr_find.png").stat().st_size > 0
+        assert (run_dir / "lr_find.png").stat().st_size > 0
+        assert recorded["model"]["optimizer"]["lr"] != 0.003  # the finder's value, not the config's
+        assert stored["model"]["optimizer"]["lr"] == recorded["model"]["optimizer"]["lr"]
+    else:
+        # doubled from 64 up to, not past, the 1,258 training samples
+        assert 64 < recorded["data"]["batch_size"] <= 1258
+        assert stored["data"]["batch_size"] == recorded["data"]["batch_size"]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import (
     RichProgressBar,
 )
 from lightning.pytorch.loggers import CSVLogger, Logger
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from volt.callbacks.rng_state import RNGStateInCheckpoint
@@ -71,13 +71,15 @@ def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:
     return TrainingObjects(datamodule, model, trainer)
 
 
-def build_training(cfg: DictConfig) -> TrainingObjects:
+def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects:
+    """The run's objects; `resolved` (cfg as plain data) is what every checkpoint will store, so a
+    value the run changes later (a tuned batch size or learning rate) is written into it."""
     datamodule = build_datamodule(cfg.data)
     model = build_model(cfg.model, datamodule)
     apply_compile(model.net, cfg.compile.mode, cfg.compile.fullgraph, cfg.compile.dynamic)
     callbacks = build_callbacks(cfg.get("callbacks"))
     # Store the resolved config in every checkpoint: `volt.eval` rebuilds the run from it alone.
-    callbacks.append(ConfigInCheckpoint(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
+    callbacks.append(ConfigInCheckpoint(resolved))
     # ...and the random generators' states, so a resumed run draws what an unbroken one would.
     callbacks.append(RNGStateInCheckpoint())
     loggers = build_loggers(cfg.get("logger"))

@@ -99,12 +99,16 @@ def train(cfg: DictConfig) -> dict[str, float]:
         print_result(plan.finished, run_dir)
         return plan.finished
     with run_record(run_dir):
-        run = build_training(cfg)
+        run = build_training(cfg, resolved)
         log.info(describe_setup(run.trainer, cfg.compile.mode))
         if cfg.tune == "batch_size":
-            find_batch_size(run.trainer, run.model, run.datamodule)
+            batch = find_batch_size(run.trainer, run.model, run.datamodule)
+            resolved["data"]["batch_size"] = batch  # what checkpoints and records now hold
         elif cfg.tune == "lr":
-            find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
+            lr = find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
+            resolved["model"]["optimizer"]["lr"] = lr
+        if cfg.tune:
+            save_resolved_config(resolved, run_dir)
         with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
             metrics, best = fit_and_test(run, cfg.test, plan.checkpoint)
         log_final_hparams(run.trainer.loggers, resolved, metrics)

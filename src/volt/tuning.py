@@ -2,6 +2,7 @@
 
 import functools
 import logging
+import math
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -18,7 +19,17 @@ def find_batch_size(
 ) -> int:
     """Double the batch until it no longer fits (or the data runs out), then keep the largest that
     did; sets datamodule.batch_size."""
-    found = Tuner(trainer).scale_batch_size(model, datamodule=datamodule, mode="power")
+    # Doubling stops at the training set's size: a larger batch would only repeat one step.
+    datamodule.setup("fit")
+    assert datamodule.train_set is not None
+    trials = max(1, int(math.log2(len(datamodule.train_set) / datamodule.batch_size)))  # type: ignore[arg-type]
+    found = Tuner(trainer).scale_batch_size(
+        model,
+        datamodule=datamodule,
+        mode="power",
+        init_val=datamodule.batch_size,
+        max_trials=trials,
+    )
     log.info("batch-size finder: data.batch_size=%s fits", found)
     return int(found or datamodule.batch_size)
 

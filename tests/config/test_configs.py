@@ -5,7 +5,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from volt.build import build_training
 from volt.config import CONF_DIR
@@ -34,7 +34,7 @@ def test_option_composes_and_builds(
     cfg = compose_config("train", [override, f"paths.data_dir={tmp_path}", *extra])
     check_config(cfg)
     check_resolves(cfg)
-    run = build_training(cfg)
+    run = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     assert isinstance(run.trainer, pl.Trainer)
     assert run.model.net is not None
     assert run.datamodule.batch_size == cfg.data.batch_size

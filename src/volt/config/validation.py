@@ -193,6 +193,12 @@ def check_config(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"{rule.key}={value!r} is not valid: use {rule.allowed} (e.g. {rule.example})"
             )
+    tune, strategy = cfg.get("tune"), OmegaConf.select(cfg, "trainer.strategy")
+    if tune and strategy != "auto":
+        raise ConfigError(
+            f"tune={tune} runs on one device only (Lightning's finders): drop tune, or find the "
+            "value with trainer=gpu first and pass it on"
+        )
     val, test = (OmegaConf.select(cfg, f"data.{k}_fraction") for k in ("val", "test"))
     if _is_number(val) and _is_number(test) and val + test >= 1:
         raise ConfigError(
