@@ -115,3 +115,17 @@ def test_named_ddp_run_continues_on_every_rank(tmp_path: Path) -> None:
     steps_per_epoch = 1258 // 64  # 2 ranks x 32 samples a step
     assert last["global_step"] == 2 * steps_per_epoch
     assert "resuming run ddp-run" in (run_dir / "train_rank1.log").read_text()
+
+
+def test_damaged_last_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+    finish(start("torn", outputs, "trainer.max_epochs=2", "trainer.max_steps=19"))
+    checkpoints = outputs / "train" / "runs" / "torn" / "checkpoints"
+    (checkpoints.parent / "metrics.json").unlink()  # as if killed
+    (checkpoints / "last.ckpt").write_bytes(b"torn by a crash")
+    best = next(checkpoints.glob("epoch*.ckpt"))  # the previous complete checkpoint
+    finish(start("torn", outputs, "trainer.max_epochs=2"))
+    log = (checkpoints.parent / "train.log").read_text()  # the file: no console line wrapping
+    assert f"skipping damaged checkpoint {checkpoints / 'last.ckpt'}" in log
+    assert f"resuming run torn from {best}" in log
+    assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 2 * 19
