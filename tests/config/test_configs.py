@@ -11,7 +11,17 @@ from volt.build import build_training
 from volt.config import CONF_DIR
 from volt.config.validation import check_config, check_resolves
 
-GROUPS = ("data", "model", "trainer", "compile", "callbacks", "logger", "debug", "experiment")
+GROUPS = (
+    "data",
+    "model",
+    "trainer",
+    "compile",
+    "callbacks",
+    "logger",
+    "debug",
+    "experiment",
+    "hparams_search",
+)
 
 
 def options(group: str) -> list[str]:
