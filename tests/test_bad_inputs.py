@@ -93,6 +93,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("tune typo", ["tune=batch"], "tune='batch' is not valid"),
     ("missing value", ["data.batch_size=???"], "data.batch_size has no value (???)"),
     ("nodes zero", ["trainer.num_nodes=0"], "trainer.num_nodes=0 is not valid"),
+    ("no training data", ["data.test_fraction=0.9"], "leave no training data"),
+    ("test fraction zero", ["data.test_fraction=0"], "data.test_fraction=0 is not valid"),
+    ("batch over ranks", ["trainer=ddp", "data.batch_size=63"], "does not divide over 2 DDP"),
 ]
 if not torch.cuda.is_available():
     CASES += [
@@ -170,21 +173,3 @@ def test_bad_resume_requests(
     assert code == 2, err
     assert message in err
     assert {k: v for k, v in snapshot(outputs).items() if k in before} == before
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["data.test_fraction=0.9"], "leave no training data"),
-        (["data.test_fraction=0"], "data.test_fraction=0 is not valid"),
-        (["trainer=ddp", "data.batch_size=63"], "data.batch_size=63 does not divide over 2"),
-    ],
-)
-def test_bad_values_found_across_keys(
-    overrides: list[str], message: str, run_main: Callable[..., tuple[int, str]], outputs: Path
-) -> None:
-    before = snapshot(outputs)
-    code, err = run_main(overrides)
-    assert code == 2, err
-    assert message in err
-    assert snapshot(outputs) == before
