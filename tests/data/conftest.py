@@ -2,7 +2,8 @@
 
 import socket
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
+from urllib.error import URLError
 
 import pytest
 import torch
@@ -33,3 +34,21 @@ def fake_trainer() -> Callable[..., SimpleNamespace]:
         return SimpleNamespace(world_size=world_size, strategy=strategy)
 
     return make
+
+
+@pytest.fixture
+def failing_download(monkeypatch: pytest.MonkeyPatch) -> Callable[[ModuleType], list[str]]:
+    """failing_download(torchvision.datasets.mnist) makes that module's archive download raise
+    URLError, as offline; returns the list of URLs it was asked for."""
+
+    def _patch(module: ModuleType) -> list[str]:
+        urls: list[str] = []
+
+        def offline(url: str, *args: object, **kwargs: object) -> None:
+            urls.append(url)
+            raise URLError("no network in tests")
+
+        monkeypatch.setattr(module, "download_and_extract_archive", offline)
+        return urls
+
+    return _patch

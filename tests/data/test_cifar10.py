@@ -1,6 +1,7 @@
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from urllib.error import URLError
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -201,15 +202,9 @@ def test_one_missing_batch_is_reported_by_setup(cifar_root: Path) -> None:
 
 
 def test_failed_download_says_so_and_what_to_do_offline(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, failing_download: Callable[[ModuleType], list[str]]
 ) -> None:
-    urls: list[str] = []
-
-    def offline(url: str, *args: object, **kwargs: object) -> None:
-        urls.append(url)
-        raise URLError("no network in tests")
-
-    monkeypatch.setattr(torchvision.datasets.cifar, "download_and_extract_archive", offline)
+    urls = failing_download(torchvision.datasets.cifar)
     with pytest.raises(DataNotFoundError) as error:
         cifar(tmp_path, download=True).prepare_data()
     message = str(error.value)

@@ -1,6 +1,7 @@
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from urllib.error import URLError
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -136,16 +137,10 @@ def test_setup_without_prepare_data_gives_the_same_clear_error(mnist_root: Path)
 
 
 def test_failed_download_says_so_and_what_to_do_offline(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, failing_download: Callable[[ModuleType], list[str]]
 ) -> None:
     # Fail where torchvision fetches each file, so its real download loop over mirrors runs.
-    urls: list[str] = []
-
-    def offline(url: str, *args: object, **kwargs: object) -> None:
-        urls.append(url)
-        raise URLError("no network in tests")
-
-    monkeypatch.setattr(torchvision.datasets.mnist, "download_and_extract_archive", offline)
+    urls = failing_download(torchvision.datasets.mnist)
     dm = mnist(tmp_path, download=True)
     with pytest.raises(DataNotFoundError) as error:
         dm.prepare_data()
