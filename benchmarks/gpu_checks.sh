@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The single-GPU checks behind the README's GPU section, as run on the lent GPU machine:
-#   bash benchmarks/gpu_checks.sh tests|bench   (logs go to $OUT, or ./gpu-logs)
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench [workload]|multi|throughput
+# (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
 case ${1:-tests} in
@@ -32,9 +33,16 @@ case ${1:-tests} in
       echo "$t: $(grep -oE "epoch [0-9]+: [0-9]+ training samples/s" "$out/throughput_$t.log" | tr '\n' ' ')"
     done
     ;;
-  bench)
+  syncs)  # where volt's configured training steps make the CPU wait for the GPU
     for w in digits cifar; do
-      python benchmarks/step_time.py --workload $w --json "$out/bench_$w.json" 2>&1 | tee "$out/bench_$w.log" | tail -7
+      python benchmarks/step_time.py --workload $w --variants bf16-mixed --steps 20 --find-syncs \
+        2>&1 | grep -vi warn | tee "$out/syncs_$w.log" | tail -8
+    done
+    ;;
+  bench)  # bench [digits|cifar]: both workloads by default
+    for w in ${2:-digits cifar}; do
+      python benchmarks/step_time.py --workload $w --json "$out/bench_$w.json" 2>&1 \
+        | grep -vi warn | tee "$out/bench_$w.log" | tail -7
     done
     ;;
 esac

@@ -1,75 +1,81 @@
-"""Training step time: volt (Lightning + volt's Classifier) against a plain PyTorch loop.
+"""Training step time: volt as configured, and bare Lightning, against a plain PyTorch loop.
 
     python benchmarks/step_time.py --workload cifar --variants 32-true bf16-mixed bf16-mixed+default
 
-Both sides train the same net with the same optimiser, batches, precision and compile mode, fed by
-the same DataLoader; each is timed over the same steps after a warm-up (which absorbs compilation).
-The result is the median over repeats of (seconds per step), and volt/plain as a ratio.
+Three sides train the same net with the same optimiser, batches, precision and compile mode, fed
+by the same kind of DataLoader, one after the other in this process:
+
+- plain:     a hand-written loop (autocast, GradScaler for fp16, zero_grad(set_to_none)).
+- lightning: volt's Classifier in a bare Lightning Trainer (no callbacks, no logger).
+- volt:      the Trainer and callbacks volt builds from `conf/` (`volt.build.build_training`):
+             progress bar, TensorBoard, memory monitor, throughput meter, NaN guard, LR monitor.
+             Only the callbacks that act at epoch ends (checkpoints, early stopping) are left out,
+             as the timed steps lie inside one epoch.
+
+Each is timed over the same steps after a warm-up (which absorbs compilation); the result is the
+median over repeats of seconds per step, and each side / plain as a ratio.
 """
 
 import argparse
 import json
 import statistics
+import tempfile
 import time
+import warnings
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import lightning.pytorch as pl
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from volt.build import build_datamodule, build_model, build_training
+from volt.config import CONF_DIR
 from volt.gpu import apply_compile, apply_matmul_precision
 from volt.models.classifier import Classifier
-from volt.nets.mlp import MLP
-from volt.nets.resnet import ResNet
 
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    in_shape: tuple[int, int, int]
-    batch_size: int
-    make_net: Callable[[], nn.Module]
-    make_optimizer: Callable[..., torch.optim.Optimizer]
-
-
+# The default run (digits through an MLP: tiny steps, per-step overhead dominates) and the
+# CIFAR-sized one (the shipped ResNet on 3x32x32, enough arithmetic to fill the GPU).
 WORKLOADS = {
-    # The default run: 8x8 digits through an MLP; tiny steps, so per-step overhead dominates.
-    "digits": Workload(
-        "digits (MLP 256-256, batch 64)",
-        (1, 8, 8),
-        64,
-        lambda: MLP((1, 8, 8), 10, [256, 256], dropout=0.1),
-        lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01),
-    ),
-    # CIFAR-sized: 3x32x32 through the shipped ResNet; enough arithmetic to fill the GPU.
-    "cifar": Workload(
-        "CIFAR-sized (ResNet 64-128-256, batch 256)",
-        (3, 32, 32),
-        256,
-        lambda: ResNet((3, 32, 32), 10, [64, 128, 256], [2, 2, 2]),
-        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True),
-    ),
+    "digits": ["data=digits", "model=mlp"],
+    "cifar": ["data=cifar10", "model=resnet"],
 }
 
 
-def make_loader(workload: Workload, steps: int) -> DataLoader[tuple[torch.Tensor, ...]]:
+def volt_config(workload: str, precision: str, compile_mode: str | None, steps: int) -> DictConfig:
+    overrides = [
+        *WORKLOADS[workload],
+        "trainer=gpu",
+        f"precision={precision}",
+        f"compile={compile_mode or 'off'}",
+        f"trainer.max_steps={steps}",
+        "trainer.num_sanity_val_steps=0",
+        "callbacks.model_checkpoint=null",
+        "callbacks.last_checkpoint=null",
+        "callbacks.early_stopping=null",
+        "callbacks.model_summary=null",
+        f"paths.output_dir={tempfile.mkdtemp(prefix='volt-bench-')}",
+    ]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def make_loader(cfg: DictConfig, in_shape: tuple[int, ...], steps: int) -> DataLoader:
     generator = torch.Generator().manual_seed(0)
-    n = workload.batch_size * steps
-    images = torch.randn(n, *workload.in_shape, generator=generator)
+    batch_size = cfg.data.batch_size
+    n = batch_size * steps
+    images = torch.randn(n, *in_shape, generator=generator)
     labels = torch.randint(0, 10, (n,), generator=generator)
     return DataLoader(
         TensorDataset(images, labels),
-        batch_size=workload.batch_size,
+        batch_size=batch_size,
         shuffle=True,
         drop_last=True,
         pin_memory=True,
     )
-
-
-def precision_dtype(precision: str) -> torch.dtype | None:
-    return {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
 
 
 class StepTimer(pl.Callback):
@@ -89,17 +95,52 @@ class StepTimer(pl.Callback):
             self.end = time.perf_counter()
 
 
-def time_volt(
-    workload: Workload, precision: str, compile_mode: str | None, warmup: int, steps: int
-) -> float:
-    net = workload.make_net()
-    apply_compile(net, compile_mode)
-    model = Classifier(net, num_classes=10, optimizer=workload.make_optimizer)
+class SyncFinder(pl.Callback):
+    """Turns on torch's sync debug mode for the timed steps: each op that makes the CPU wait for
+    the GPU warns, and the warning names the Python line that called it."""
+
+    def __init__(self, warmup: int, steps: int) -> None:
+        self.warmup, self.steps = warmup, steps
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.warmup:
+            torch.cuda.set_sync_debug_mode("warn")
+        elif trainer.global_step == self.warmup + self.steps:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def find_syncs(cfg: DictConfig, warmup: int, steps: int) -> dict[str, float]:
+    """Where volt's training steps wait for the GPU: {file:line: waits per step}."""
+    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))
+    built.trainer.callbacks.append(SyncFinder(warmup, steps))
+    loader = make_loader(cfg, built.datamodule.input_shape, warmup + steps)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        built.trainer.fit(built.model, train_dataloaders=loader)
+    where = Counter(
+        f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()
+    )
+    return {place: count / steps for place, count in where.most_common()}
+
+
+def time_volt(cfg: DictConfig, warmup: int, steps: int) -> float:
+    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))
+    timer = StepTimer(warmup, steps)
+    built.trainer.callbacks.append(timer)
+    loader = make_loader(cfg, built.datamodule.input_shape, warmup + steps)
+    built.trainer.fit(built.model, train_dataloaders=loader)
+    return (timer.end - timer.start) / steps
+
+
+def time_lightning(cfg: DictConfig, warmup: int, steps: int) -> float:
+    datamodule = build_datamodule(cfg.data)
+    model = build_model(cfg.model, datamodule)
+    apply_compile(model.net, cfg.compile.mode)
     timer = StepTimer(warmup, steps)
     trainer = pl.Trainer(
         accelerator="gpu",
         devices=1,
-        precision=precision,  # type: ignore[arg-type]
+        precision=cfg.precision,
         max_steps=warmup + steps,
         limit_val_batches=0,
         logger=False,
@@ -108,23 +149,24 @@ def time_volt(
         enable_model_summary=False,
         callbacks=[timer],
     )
-    trainer.fit(model, train_dataloaders=make_loader(workload, warmup + steps))
+    trainer.fit(model, train_dataloaders=make_loader(cfg, datamodule.input_shape, warmup + steps))
     return (timer.end - timer.start) / steps
 
 
-def time_plain(
-    workload: Workload, precision: str, compile_mode: str | None, warmup: int, steps: int
-) -> float:
+def time_plain(cfg: DictConfig, warmup: int, steps: int) -> float:
     device = torch.device("cuda")
-    net = workload.make_net().to(device)
-    apply_compile(net, compile_mode)
-    optimizer = workload.make_optimizer(net.parameters())
-    criterion = nn.CrossEntropyLoss()
-    dtype = precision_dtype(precision)
+    datamodule = build_datamodule(cfg.data)
+    model: Classifier = build_model(cfg.model, datamodule)  # only for its net and optimizer
+    net = model.net.to(device)
+    apply_compile(net, cfg.compile.mode)
+    optimizer = model.optimizer_factory(net.parameters())
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.label_smoothing)
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(enabled=dtype == torch.float16)
     net.train()
     start = 0.0
-    for step, (x, y) in enumerate(make_loader(workload, warmup + steps), start=1):
+    loader = make_loader(cfg, datamodule.input_shape, warmup + steps)
+    for step, (x, y) in enumerate(loader, start=1):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = criterion(net(x), y)
@@ -137,6 +179,13 @@ def time_plain(
             start = time.perf_counter()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / steps
+
+
+SIDES: dict[str, Callable[[DictConfig, int, int], float]] = {
+    "plain": time_plain,
+    "lightning": time_lightning,
+    "volt": time_volt,
+}
 
 
 def main() -> None:
@@ -153,43 +202,53 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--find-syncs", action="store_true", help="only list where volt's steps wait for the GPU"
+    )
     args = parser.parse_args()
     apply_matmul_precision(None)
-    workload = WORKLOADS[args.workload]
+    if args.find_syncs:
+        for variant in args.variants:
+            precision, _, mode = variant.partition("+")
+            cfg = volt_config(args.workload, precision, mode or None, args.warmup + args.steps)
+            print(f"{args.workload} {variant}: waits for the GPU per step, by caller")
+            for place, per_step in find_syncs(cfg, args.warmup, args.steps).items():
+                print(f"  {per_step:6.2f}  {place}")
+        return
     rows = []
     for variant in args.variants:
         precision, _, compile_mode = variant.partition("+")
-        mode = compile_mode or None
-        volt_times, plain_times = [], []
-        for _ in range(args.repeats):  # interleaved, so drift hits both sides alike
-            plain_times.append(time_plain(workload, precision, mode, args.warmup, args.steps))
-            volt_times.append(time_volt(workload, precision, mode, args.warmup, args.steps))
-        volt_ms, plain_ms = (
-            1e3 * statistics.median(volt_times),
-            1e3 * statistics.median(plain_times),
-        )
+        cfg = volt_config(args.workload, precision, compile_mode or None, args.warmup + args.steps)
+        times: dict[str, list[float]] = {side: [] for side in SIDES}
+        for _ in range(args.repeats):  # interleaved, so drift hits every side alike
+            for side, timed in SIDES.items():
+                torch.manual_seed(0)
+                times[side].append(timed(cfg, args.warmup, args.steps))
+        ms = {side: 1e3 * statistics.median(t) for side, t in times.items()}
+        spread = {side: 1e3 * (max(t) - min(t)) for side, t in times.items()}
         rows.append(
             {
-                "workload": workload.name,
+                "workload": args.workload,
+                "batch_size": cfg.data.batch_size,
                 "variant": variant,
-                "volt_ms": volt_ms,
-                "plain_ms": plain_ms,
-                "ratio": volt_ms / plain_ms,
-                "volt_spread_ms": 1e3 * (max(volt_times) - min(volt_times)),
-                "plain_spread_ms": 1e3 * (max(plain_times) - min(plain_times)),
+                **{f"{side}_ms": ms[side] for side in SIDES},
+                **{f"{side}_spread_ms": spread[side] for side in SIDES},
+                "lightning_ratio": ms["lightning"] / ms["plain"],
+                "volt_ratio": ms["volt"] / ms["plain"],
             }
         )
-    print(f"\n{torch.cuda.get_device_name()}  torch {torch.__version__}  {workload.name}")
-    print(f"{'variant':32} {'volt ms/step':>12} {'plain ms/step':>13} {'volt/plain':>10}")
+    print(f"\n{torch.cuda.get_device_name()}  torch {torch.__version__}  {args.workload}")
+    header = f"{'variant':30} {'plain ms':>9} {'lightning ms':>12} {'volt ms':>9}"
+    print(f"{header} {'lightning/plain':>15} {'volt/plain':>10}")
     for r in rows:
-        print(f"{r['variant']:32} {r['volt_ms']:12.3f} {r['plain_ms']:13.3f} {r['ratio']:10.3f}")
+        print(
+            f"{r['variant']:30} {r['plain_ms']:9.3f} {r['lightning_ms']:12.3f} {r['volt_ms']:9.3f}"
+            f" {r['lightning_ratio']:15.3f} {r['volt_ratio']:10.3f}"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows},
-                f,
-                indent=2,
-            )
+            info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+            json.dump({**info, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""FiniteGuard stops a real Trainer at the step whose loss or gradient is NaN or inf, before the
-optimizer touches the weights, and leaves the newest checkpoint at the last finite step."""
+"""FiniteGuard stops a real Trainer at the step whose loss or gradient is NaN or inf (on the CPU
+before the optimizer touches the weights; on a GPU, when the verdict reaches the host) and leaves
+the newest checkpoint at the last finite step."""
 
 import math
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from volt.callbacks import finite_guard
 from volt.callbacks.finite_guard import FiniteGuard, NonFiniteLossError
 
 BAD_STEP = 3
@@ -63,9 +65,9 @@ def trainer(tmp_path: Path, max_steps: int = BAD_STEP + 5, **kwargs: object) -> 
     every_step = ModelCheckpoint(
         tmp_path / "checkpoints", filename="{step}", every_n_train_steps=1, save_top_k=-1
     )
+    kwargs.setdefault("accelerator", "cpu")
     return pl.Trainer(
         max_steps=max_steps,
-        accelerator="cpu",
         callbacks=[FiniteGuard(), every_step],
         logger=False,
         enable_progress_bar=False,
@@ -146,3 +148,45 @@ def test_a_nan_loss_in_any_accumulated_micro_batch_stops_training(tmp_path: Path
     with pytest.raises(NonFiniteLossError, match=f"at global step {BAD_STEP};"):
         trainer(tmp_path, accumulate_grad_batches=4, plugins=[amp]).fit(model, batches())
     assert newest_checkpoint(tmp_path / "checkpoints")["global_step"] == BAD_STEP
+
+
+class NeverReady:
+    """A GPU far behind the CPU: no verdict can be read until volt waits for it."""
+
+    def query(self) -> bool:
+        return False
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_a_verdict_read_late_stops_before_any_spoiled_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(finite_guard, "_to_host", lambda flags: (flags.clone(), NeverReady()))
+    model = TwoLayers(nan_loss_at=BAD_STEP)
+    with pytest.raises(NonFiniteLossError) as raised:
+        trainer(tmp_path).fit(model, batches())
+
+    message = str(raised.value)
+    # Step BAD_STEP's update ran; the checkpoint after it was about to be written, and waited.
+    assert f"at global step {BAD_STEP}; seen at global step {BAD_STEP + 1}" in message
+    assert "weights in memory are spoiled" in message and "resume from the newest" in message
+    newest = newest_checkpoint(tmp_path / "checkpoints")
+    assert newest["global_step"] == BAD_STEP
+    assert all(torch.isfinite(w).all() for w in newest["state_dict"].values())
+    assert not torch.isfinite(model.second.weight).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("poison", [{"nan_loss_at": BAD_STEP}, {"grad_at": BAD_STEP}])
+def test_on_a_gpu_training_stops_and_every_checkpoint_is_finite(
+    poison: dict[str, int], tmp_path: Path
+) -> None:
+    model = TwoLayers(**poison)
+    with pytest.raises(NonFiniteLossError, match=f"at global step {BAD_STEP};"):
+        trainer(tmp_path, accelerator="cuda").fit(model, batches())
+    newest = newest_checkpoint(tmp_path / "checkpoints")
+    assert newest["global_step"] == BAD_STEP
+    assert all(torch.isfinite(w).all() for w in newest["state_dict"].values())

@@ -1,7 +1,9 @@
 """trainer=ddp as a user runs it: real DDP over two CPU processes (gloo), started by volt or by
 torchrun, in single runs and sweeps, and with a rank that fails."""
 
+import errno
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -10,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import DictConfig
+
+from volt.strategies.ddp import reserve_rendezvous_port
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -208,3 +212,23 @@ def test_gpu_multirun_runs_each_job_on_every_gpu(run_volt: Run, tmp_path: Path) 
         assert used == {lr}
         assert len(list(job.glob("lr_rank*.txt"))) == torch.cuda.device_count()
     assert not processes_mentioning(str(tmp_path))
+
+
+def test_the_rendezvous_port_is_held_from_the_start_and_serves_init_process_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = reserve_rendezvous_port()
+    with socket.socket() as other, pytest.raises(OSError) as taken:
+        other.bind(("", store.port))  # what another run's launcher, or a rank's connection, tries
+    assert taken.value.errno == errno.EADDRINUSE
+
+    # Rank 0 joins through the env:// rendezvous on that port without binding it a second time.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        total = torch.ones(3)
+        torch.distributed.all_reduce(total)
+        assert total.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,6 +1,9 @@
-"""Stop training at the first NaN or inf in a loss or gradient, before it reaches the weights."""
+"""Stop training at the first NaN or inf in a loss or gradient, without a host sync every step."""
 
 import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -18,13 +21,29 @@ class NonFiniteLossError(RuntimeError):
     """The loss or a gradient held NaN or inf; str(error) says at which step, where, what to try."""
 
 
-class FiniteGuard(Callback):
-    """Raises `NonFiniteLossError` before an optimizer step that a NaN or inf would spoil.
+@dataclass
+class _Verdict:
+    """What one optimizer step found, copied to the host while the GPU works on."""
 
-    The loss is checked before each backward pass, every gradient before each optimizer step: the
-    step that raises updated nothing, and no checkpoint is written for it (Lightning runs its
-    checkpoint callbacks after all others and saves on an exception only when asked to, with
-    `ModelCheckpoint(save_on_exception=True)` or `OnExceptionCheckpoint`).
+    step: int
+    # (3 + P,) int on the host: [loss bad on any rank, gradients bad on any rank,
+    #  loss bad on this rank, then one flag per parameter of `names`, bad on this rank]
+    flags: Tensor
+    ready: torch.cuda.Event | None  # None on the CPU, where the copy is already done
+    names: list[str]
+
+
+class FiniteGuard(Callback):
+    """Raises `NonFiniteLossError` when a loss or gradient of a step was NaN or inf.
+
+    The loss is checked before each backward pass, every gradient before each optimizer step, on
+    the device. Reading that verdict on the host would stall the GPU's queue of kernels every step
+    (the CPU waits for backward to end before it can queue more work), so the verdict is copied
+    to pinned memory without blocking and read once the GPU has got there, usually one step
+    later. So on a GPU the bad step, and perhaps the next, have already changed the weights when
+    training stops; on the CPU the copy is immediate and the step that raises changed nothing.
+    Checkpoints are never spoiled: before any checkpoint is written, and at the end of each
+    epoch, every outstanding verdict is waited for (one sync, seldom).
 
     Under `precision=16-mixed` a GradScaler multiplies the loss before backward, so gradients
     overflow to inf from time to time by design; the scaler then skips that step and lowers its
@@ -39,11 +58,15 @@ class FiniteGuard(Callback):
         # () bool on the model's device: every loss since the last optimizer step was finite.
         # Kept on the device so that gradient accumulation adds no host sync per micro-batch.
         self._loss_finite: Tensor | None = None
+        self._pending: deque[_Verdict] = deque()
+        self._names: dict[int, str] = {}
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._check_gradients = not isinstance(scaler, torch.amp.GradScaler)
         self._loss_finite = None
+        self._pending.clear()
+        self._names = {id(p): name for name, p in pl_module.named_parameters()}
 
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Tensor
@@ -54,50 +77,87 @@ class FiniteGuard(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Optimizer
     ) -> None:
+        device = pl_module.device
         loss_finite, self._loss_finite = self._loss_finite, None
-        finite = torch.ones(2, dtype=torch.bool, device=pl_module.device)  # (loss, gradients)
+        loss_bad = torch.zeros(1, dtype=torch.int32, device=device)
         if loss_finite is not None:
-            finite[0] = loss_finite
-        grads = _gradients(optimizer) if self._check_gradients else []
-        if grads:
+            loss_bad[0] = ~loss_finite
+        params = _params_with_gradients(optimizer) if self._check_gradients else []
+        params_bad = torch.zeros(0, dtype=torch.int32, device=device)
+        if params:
             # The largest |element| of each gradient, in a few fused kernels: finite exactly when
             # every element is (NaN propagates; no sum of squares to overflow in fp16).
-            finite[1] = torch.stack(torch._foreach_norm(grads, ord=math.inf)).isfinite().all()
+            norms = torch._foreach_norm([p.grad for p in params], ord=math.inf)  # type: ignore[misc]
+            params_bad = (~torch.stack(norms).isfinite()).int()  # (P,)
         # Under DDP the gradients agree after their all-reduce but each rank has its own loss,
         # and FSDP shards the gradients: all ranks must stop together, so they pool the verdict.
-        bad = trainer.strategy.reduce((~finite).int(), reduce_op="sum")  # (2,)
-        # The one host sync per step: the CPU waits here for backward to finish on the GPU, so
-        # the optimizer's kernels are queued only then (a bubble of their launch latency, tens
-        # of microseconds). The norms read every gradient once: memory-bound, roughly 1 ms per
-        # 3 GB of gradients on an H100.
-        loss_bad, grads_bad = bad.tolist()
-        if loss_bad or grads_bad:
-            where = _describe_loss(loss_finite) if loss_bad else _describe_gradients(pl_module)
-            raise NonFiniteLossError(
-                f"{where} at global step {trainer.global_step}; training stopped before this step"
-                f" changed the weights (they, and every checkpoint written so far, are finite)."
-                f" Try: {FIXES}"
-            )
+        grads_bad = params_bad.amax(0, keepdim=True) if params else torch.zeros_like(loss_bad)
+        anywhere = trainer.strategy.reduce(torch.cat([loss_bad, grads_bad]), reduce_op="sum")
+        flags = torch.cat([anywhere.int(), loss_bad, params_bad])
+        names = [self._names.get(id(p), "?") for p in params]
+        self._pending.append(_Verdict(trainer.global_step, *_to_host(flags), names))
+        self._read_verdicts(trainer, wait=False)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._read_verdicts(trainer, wait=True)
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Raising here, before the file is written, keeps every checkpoint finite.
+        self._read_verdicts(trainer, wait=True)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._read_verdicts(trainer, wait=True)
+
+    def _read_verdicts(self, trainer: pl.Trainer, wait: bool) -> None:
+        while self._pending:
+            verdict = self._pending[0]
+            if verdict.ready is not None:
+                if not wait and not verdict.ready.query():
+                    return  # the GPU is not there yet; look again next step
+                verdict.ready.synchronize()
+            self._pending.popleft()
+            flags = verdict.flags.tolist()
+            if flags[0] or flags[1]:
+                self._pending.clear()
+                raise NonFiniteLossError(_message(verdict, flags, trainer.global_step))
 
 
-def _gradients(optimizer: Optimizer) -> list[Tensor]:
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    return [p.grad for p in params if p.grad is not None]
+def _to_host(flags: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
+    """Starts copying `flags` to the host; the event says when the copy has landed."""
+    if not flags.is_cuda:
+        return flags, None
+    host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+    host.copy_(flags, non_blocking=True)  # from pinned memory: queued, the CPU does not wait
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
-def _describe_loss(local_finite: Tensor | None) -> str:
-    if local_finite is not None and not local_finite.item():
-        return "non-finite loss (NaN or inf)"
-    return "non-finite loss (NaN or inf) on another rank"
+def _params_with_gradients(optimizer: Optimizer) -> list[Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def _describe_gradients(pl_module: pl.LightningModule) -> str:
-    # Only on the way to raising, so one sync per parameter costs nothing that matters.
-    names = [
-        name
-        for name, p in pl_module.named_parameters()
-        if p.grad is not None and not torch.isfinite(p.grad).all()
-    ]
+def _message(verdict: _Verdict, flags: list[int], step_now: int) -> str:
+    loss_bad_anywhere, _, loss_bad_here, *params_bad = flags
+    if loss_bad_anywhere:
+        where = "non-finite loss (NaN or inf)" + ("" if loss_bad_here else " on another rank")
+    else:
+        bad_names = [n for n, bad in zip(verdict.names, params_bad, strict=True) if bad]
+        where = _describe_gradients(bad_names)
+    if step_now == verdict.step:
+        after = "training stopped before this step changed the weights (they, and every"
+        after += " checkpoint written so far, are finite)."
+    else:
+        after = (
+            f"seen at global step {step_now}, so the weights in memory are spoiled; every"
+            " checkpoint written so far is finite, resume from the newest."
+        )
+    return f"{where} at global step {verdict.step}; {after} Try: {FIXES}"
+
+
+def _describe_gradients(names: list[str]) -> str:
     if not names:
         return "non-finite gradient (NaN or inf) on another rank"
     others = ""

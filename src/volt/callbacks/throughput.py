@@ -4,17 +4,21 @@ import time
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.trainer.states import TrainerFn
 
 log = logging.getLogger("volt")
 
 
 class EpochThroughput(Callback):
     """Training samples per second over each epoch (all processes together), logged as
-    `perf/train_samples_per_s` and printed; the GPU is synchronised only at epoch boundaries."""
+    `perf/train_samples_per_s` and printed. Validation inside the epoch is not counted; the GPU
+    is synchronised only where the clock starts and stops (epoch and validation boundaries)."""
 
     def __init__(self) -> None:
         self.start = 0.0
+        self.seconds = 0.0  # training time of this epoch before the clock last started
         self.samples = 0
+        self.running = False
 
     def _sync(self, trainer: pl.Trainer) -> None:
         if trainer.strategy.root_device.type == "cuda":
@@ -25,9 +29,28 @@ class EpochThroughput(Callback):
         self.on_train_epoch_start(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._sync(trainer)
         self.samples = 0
+        self.seconds = 0.0
+        self._start_clock(trainer)
+
+    def _start_clock(self, trainer: pl.Trainer) -> None:
+        self._sync(trainer)
         self.start = time.perf_counter()
+        self.running = True
+
+    def _stop_clock(self, trainer: pl.Trainer) -> None:
+        if self.running:
+            self._sync(trainer)
+            self.seconds += time.perf_counter() - self.start
+            self.running = False
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_clock(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Validation during fit (not the sanity check before it): training goes on after it.
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._start_clock(trainer)
 
     def on_train_batch_end(
         self,
@@ -41,8 +64,8 @@ class EpochThroughput(Callback):
         self.samples += len(batch[0]) * trainer.world_size  # type: ignore[index]
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._sync(trainer)
-        seconds = time.perf_counter() - self.start
+        self._stop_clock(trainer)
+        seconds = self.seconds
         rate = self.samples / seconds if seconds > 0 else 0.0
         pl_module.log("perf/train_samples_per_s", rate, rank_zero_only=True)
         if trainer.is_global_zero:

@@ -23,6 +23,7 @@ Under torchrun or SLURM's srun the ranks exist already and nothing is launched (
 cluster environment, as its own DDP does).
 """
 
+import datetime
 import logging
 import os
 import signal
@@ -60,6 +61,25 @@ _RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
 def rank_log_file(run_dir: Path, rank: int) -> Path:
     """Where rank `rank` (> 0) logs: next to rank 0's `train.log`."""
     return run_dir / f"train_rank{rank}.log"
+
+
+def reserve_rendezvous_port() -> "torch.distributed.TCPStore":
+    """The rendezvous server of this run, already listening on a port the system picked.
+
+    Lightning picks a free port and opens it only later, in `init_process_group`; meanwhile
+    another run on the machine (a sweep under submitit_local starts all its jobs at once) can
+    take it, or a rank's outgoing connection can be given it, and the run fails with EADDRINUSE.
+    Holding the port from the start closes that window. The store is multi-tenant, so rank 0's
+    `init_process_group` serves from this same listening socket instead of binding the port again.
+    """
+    return torch.distributed.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        multi_tenant=True,
+        timeout=datetime.timedelta(seconds=60),
+    )
 
 
 class RankFailedError(RuntimeError):
@@ -117,6 +137,7 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
         self.rank_config = rank_config
         self._observer: _RankObserver | None = None
         self._run_ended = threading.Event()
+        self._store: torch.distributed.TCPStore | None = None
         self._environment_before = {k: os.environ.get(k) for k in _RENDEZVOUS_VARIABLES}
 
     @override
@@ -140,6 +161,14 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
                 " built elsewhere must write it first (OmegaConf.save(cfg, path, resolve=True))."
             )
         environment = self.cluster_environment
+        if "MASTER_PORT" not in os.environ and environment.node_rank() == 0:
+            self._store = reserve_rendezvous_port()
+            os.environ["MASTER_PORT"] = str(self._store.port)
+            if environment.main_port != self._store.port:
+                raise RuntimeError(
+                    f"{type(environment).__name__} chose port {environment.main_port} before"
+                    f" volt reserved port {self._store.port}; set MASTER_PORT to choose one"
+                )
         node_rank = environment.node_rank()
         shared = {
             **os.environ,
@@ -226,6 +255,7 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
         # address or port of this one.
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        self._store = None  # frees the port
         for key, value in self._environment_before.items():
             if value is None:
                 os.environ.pop(key, None)
