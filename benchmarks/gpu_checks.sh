@@ -41,7 +41,7 @@ case ${1:-tests} in
     ;;
   bench)  # bench [digits|cifar]: both workloads by default
     for w in ${2:-digits cifar}; do
-      python benchmarks/step_time.py --workload $w --json "$out/bench_$w.json" 2>&1 \
+      python benchmarks/step_time.py --workload $w --repeats ${REPEATS:-3} --json "$out/bench_$w.json" 2>&1 \
         | grep -vi warn | tee "$out/bench_$w.log" | tail -7
     done
     ;;

@@ -12,13 +12,18 @@ by the same kind of DataLoader, one after the other in this process:
              Only the callbacks that act at epoch ends (checkpoints, early stopping) are left out,
              as the timed steps lie inside one epoch.
 
-Each is timed over the same steps after a warm-up (which absorbs compilation); the result is the
-median over repeats of seconds per step, and each side / plain as a ratio.
+Each side runs in a fresh process, as a user's run does (several compiled models in one
+process crashed inductor's kernel launcher on torch 2.11: "CUDA driver error: invalid argument"),
+and is timed over the same steps after a warm-up (which absorbs compilation). Sides alternate
+within each repeat, so drift hits them alike; the result is the median over repeats of seconds
+per step, and each side / plain as a ratio.
 """
 
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -188,6 +193,23 @@ SIDES: dict[str, Callable[[DictConfig, int, int], float]] = {
 }
 
 
+def time_in_fresh_process(side: str, variant: str, args: argparse.Namespace) -> float:
+    command = [sys.executable, __file__, "--workload", args.workload, "--variants", variant]
+    command += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--one-side", side]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{side} {variant} failed:\n{done.stderr[-3000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def time_one_side(side: str, args: argparse.Namespace) -> None:
+    """In the child process: print seconds per step of one side and variant."""
+    precision, _, compile_mode = args.variants[0].partition("+")
+    cfg = volt_config(args.workload, precision, compile_mode or None, args.warmup + args.steps)
+    torch.manual_seed(0)
+    print(SIDES[side](cfg, args.warmup, args.steps))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -202,11 +224,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--one-side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument(
         "--find-syncs", action="store_true", help="only list where volt's steps wait for the GPU"
     )
     args = parser.parse_args()
     apply_matmul_precision(None)
+    if args.one_side:
+        time_one_side(args.one_side, args)
+        return
     if args.find_syncs:
         for variant in args.variants:
             precision, _, mode = variant.partition("+")
@@ -220,10 +246,9 @@ def main() -> None:
         precision, _, compile_mode = variant.partition("+")
         cfg = volt_config(args.workload, precision, compile_mode or None, args.warmup + args.steps)
         times: dict[str, list[float]] = {side: [] for side in SIDES}
-        for _ in range(args.repeats):  # interleaved, so drift hits every side alike
-            for side, timed in SIDES.items():
-                torch.manual_seed(0)
-                times[side].append(timed(cfg, args.warmup, args.steps))
+        for _ in range(args.repeats):
+            for side in SIDES:
+                times[side].append(time_in_fresh_process(side, variant, args))
         ms = {side: 1e3 * statistics.median(t) for side, t in times.items()}
         spread = {side: 1e3 * (max(t) - min(t)) for side, t in times.items()}
         rows.append(
@@ -237,6 +262,7 @@ def main() -> None:
                 "volt_ratio": ms["volt"] / ms["plain"],
             }
         )
+        print(json.dumps(rows[-1]), flush=True)  # a row at a time: a cut-off run keeps its rows
     print(f"\n{torch.cuda.get_device_name()}  torch {torch.__version__}  {args.workload}")
     header = f"{'variant':30} {'plain ms':>9} {'lightning ms':>12} {'volt ms':>9}"
     print(f"{header} {'lightning/plain':>15} {'volt/plain':>10}")

@@ -96,6 +96,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("no training data", ["data.test_fraction=0.9"], "leave no training data"),
     ("test fraction zero", ["data.test_fraction=0"], "data.test_fraction=0 is not valid"),
     ("batch over ranks", ["trainer=ddp", "data.batch_size=63"], "does not divide over 2 DDP"),
+    ("adam eps in fp16", ["precision=16-true"], "model.optimizer.eps=1e-08: fp16 rounds it to 0"),
 ]
 if not torch.cuda.is_available():
     CASES += [

@@ -87,7 +87,9 @@ def test_every_precision_trains_on_gpu(
     )
     metrics = train(cfg)
     assert all(v == v for v in metrics.values())  # no NaN
-    assert metrics["test/acc"] > 0.5
+    # Pure fp16 keeps no fp32 master weights: small updates round away and it learns slowly
+    # (measured on an H100: test/acc 0.23 after 2 epochs); it must still beat chance (0.1).
+    assert metrics["test/acc"] > (0.15 if precision == "16-true" else 0.5)
 
 
 @pytest.mark.gpu

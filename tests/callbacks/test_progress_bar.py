@@ -22,7 +22,7 @@ class Regression(pl.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         loss = nn.functional.mse_loss(self.layer(x), y)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/loss", loss)  # not prog_bar: the bar reads it
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -1,6 +1,7 @@
 """Lightning's rich progress bar, without a GPU sync on every training step."""
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -9,17 +10,25 @@ from typing_extensions import override
 
 
 class RichProgressBar(LightningRichProgressBar):
-    """Reads the metrics it shows at most every `metrics_every_s` seconds while training.
+    """Shows `step_metrics` (logged each step, e.g. the training loss) read at most every
+    `metrics_every_s` seconds while training, besides the metrics logged with `prog_bar=True`.
 
-    Lightning's bar asks for the progress-bar metrics after every training batch, and turning the
-    logged loss into a number (`.item()`) makes the CPU wait for the GPU to finish that step: the
-    queue of kernels runs dry and the next step's launches are no longer hidden behind this one's
-    work. Half a second of staleness in the displayed loss costs nothing; the step counter still
+    Turning a logged GPU tensor into a number (`.item()`) makes the CPU wait for the GPU to
+    finish the step: the queue of kernels runs dry and the next step's launches are no longer
+    hidden behind this one's work. Lightning does that after every batch for each metric logged
+    with `prog_bar=True`, so volt logs per-step values without it and this bar reads them itself,
+    twice a second by default: a loss half a second old costs nothing. The step counter still
     moves every batch, and metrics are read afresh at validation and epoch ends.
     """
 
-    def __init__(self, metrics_every_s: float = 0.5, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        step_metrics: Sequence[str] = ("train/loss",),
+        metrics_every_s: float = 0.5,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.step_metrics = tuple(step_metrics)
         self.metrics_every_s = metrics_every_s
         self._shown: dict[str, int | str | float | dict[str, float]] | None = None
         self._read_at = 0.0
@@ -40,7 +49,9 @@ class RichProgressBar(LightningRichProgressBar):
         now = time.monotonic()
         fresh_enough = self._shown is not None and now - self._read_at < self.metrics_every_s
         if not (self._in_train_batch and fresh_enough):
-            self._shown = super().get_metrics(trainer, pl_module)
-            self._read_at = now
+            shown = super().get_metrics(trainer, pl_module)
+            logged = trainer.callback_metrics  # tensors, still on the device
+            shown.update({k: float(logged[k]) for k in self.step_metrics if k in logged})
+            self._shown, self._read_at = shown, now
         assert self._shown is not None
         return self._shown

@@ -199,11 +199,29 @@ def check_config(cfg: DictConfig) -> None:
             f"tune={tune} runs on one device only (Lightning's finders): drop tune, or find the "
             "value with trainer=gpu first and pass it on"
         )
+    _check_adam_eps_in_fp16(cfg)
     val, test = (OmegaConf.select(cfg, f"data.{k}_fraction") for k in ("val", "test"))
     if _is_number(val) and _is_number(test) and val + test >= 1:
         raise ConfigError(
             f"data.val_fraction={val} and data.test_fraction={test} leave no training data: "
             "keep their sum below 1, e.g. data.val_fraction=0.15 data.test_fraction=0.15"
+        )
+
+
+ADAMS = ("Adam", "AdamW", "NAdam", "RAdam", "Adamax")
+
+
+def _check_adam_eps_in_fp16(cfg: DictConfig) -> None:
+    """Under 16-true the optimizer's state is fp16, whose smallest value is 6e-8: Adam's default
+    eps of 1e-8 rounds to 0 and the first update divides by zero (NaN at step 1)."""
+    target = str(OmegaConf.select(cfg, "model.optimizer._target_", default=""))
+    if cfg.get("precision") != "16-true" or target.rsplit(".", 1)[-1] not in ADAMS:
+        return
+    eps = OmegaConf.select(cfg, "model.optimizer.eps", default=1e-8)
+    if _is_number(eps) and eps < 6e-8:
+        raise ConfigError(
+            f"precision=16-true with model.optimizer.eps={eps}: fp16 rounds it to 0 and Adam"
+            " divides by zero; set model.optimizer.eps=1e-4, or use precision=16-mixed / bf16-true"
         )
 
 

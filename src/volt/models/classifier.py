@@ -74,7 +74,9 @@ class Classifier(pl.LightningModule):
         loss = self.criterion(logits, y)
         self.train_acc(logits, y)
         # Per-step loss of this process (no cross-rank sync: that would cost a collective a step).
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        # Not prog_bar=True: Lightning turns progress-bar values into numbers after every batch,
+        # which makes the CPU wait for the GPU; volt's progress bar reads it twice a second.
+        self.log("train/loss", loss, on_step=True, on_epoch=False)
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
         return loss
 
