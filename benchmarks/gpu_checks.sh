@@ -27,7 +27,7 @@ case ${1:-tests} in
   throughput)  # CIFAR-sized training throughput: one GPU, ddp, dp (same global batch 256)
     python benchmarks/fake_cifar10.py /tmp/data
     for t in gpu ddp dp; do
-      timeout 55 python train.py experiment=cifar10_resnet data.root=/tmp/data trainer=$t precision=bf16-mixed \
+      timeout ${THROUGHPUT_TIMEOUT:-150} python train.py experiment=cifar10_resnet data.root=/tmp/data trainer=$t precision=bf16-mixed \
         trainer.max_epochs=3 test=false data.num_workers=8 callbacks.progress_bar=null \
         paths.outputs_dir=/tmp/outputs > "$out/throughput_$t.log" 2>&1
       echo "$t: $(grep -oE "epoch [0-9]+: [0-9]+ training samples/s" "$out/throughput_$t.log" | tr '\n' ' ')"
@@ -36,13 +36,13 @@ case ${1:-tests} in
   syncs)  # where volt's configured training steps make the CPU wait for the GPU
     for w in digits cifar; do
       python benchmarks/step_time.py --workload $w --variants bf16-mixed --steps 20 --find-syncs \
-        2>&1 | grep -vi warn | tee "$out/syncs_$w.log" | tail -8
+        2>&1 | grep --line-buffered -vi warn | tee "$out/syncs_$w.log" | tail -8
     done
     ;;
   bench)  # bench [digits|cifar]: both workloads by default
     for w in ${2:-digits cifar}; do
       python benchmarks/step_time.py --workload $w --repeats ${REPEATS:-3} --json "$out/bench_$w.json" 2>&1 \
-        | grep -vi warn | tee "$out/bench_$w.log" | tail -7
+        | grep --line-buffered -vi warn | tee "$out/bench_$w.log" | tail -7
     done
     ;;
 esac
