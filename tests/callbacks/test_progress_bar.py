@@ -6,27 +6,20 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import RichProgressBar as LightningRichProgressBar
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.tiny_regression import TinyRegression
 from volt.callbacks.progress_bar import RichProgressBar
 
 STEPS = 12
 
 
-class Regression(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 1)
-
+class Regression(TinyRegression):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = nn.functional.mse_loss(self.layer(x), y)
+        loss = super().training_step(batch, batch_idx)
         self.log("train/loss", loss)  # not prog_bar: the bar reads it
         return loss
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def reads_during_training(

@@ -5,28 +5,18 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.tiny_regression import TinyRegression
 from volt.callbacks.throughput import EpochThroughput
 
 VAL_BATCHES, VAL_SLEEP_S = 3, 0.3
 
 
-class SlowValidation(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 1)
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x), y)
-
+class SlowValidation(TinyRegression):
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         time.sleep(VAL_SLEEP_S)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def test_validation_time_is_not_training_time(tmp_path: Path) -> None:

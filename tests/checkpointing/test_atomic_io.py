@@ -13,9 +13,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.tiny_regression import TinyRegression
 from volt.checkpointing import (
     AtomicCheckpointIO,
     CheckpointLoadError,
@@ -25,18 +26,7 @@ from volt.checkpointing import (
 TEMP_PREFIX = ".volt-ckpt-tmp-"
 
 
-class TinyRegression(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 1)
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
+class RegressionWithData(TinyRegression):
     def train_dataloader(self) -> DataLoader[tuple[Tensor, ...]]:
         generator = torch.Generator().manual_seed(0)
         x = torch.randn(16, 4, generator=generator)
@@ -55,7 +45,7 @@ def fit(root: Path, max_epochs: int, ckpt_path: Path | None = None) -> pl.Traine
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(TinyRegression(), ckpt_path=ckpt_path)
+    trainer.fit(RegressionWithData(lr=0.1), ckpt_path=ckpt_path)
     return trainer
 
 
