@@ -114,14 +114,19 @@ class SyncFinder(pl.Callback):
             torch.cuda.set_sync_debug_mode("default")
 
 
+def fit_volt(cfg: DictConfig, steps: int, probe: pl.Callback) -> None:
+    """Train `steps` batches with the Trainer and callbacks volt builds from `cfg`, plus `probe`."""
+    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))
+    built.trainer.callbacks.append(probe)
+    loader = make_loader(cfg, built.datamodule.input_shape, steps)
+    built.trainer.fit(built.model, train_dataloaders=loader)
+
+
 def find_syncs(cfg: DictConfig, warmup: int, steps: int) -> dict[str, float]:
     """Where volt's training steps wait for the GPU: {file:line: waits per step}."""
-    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))
-    built.trainer.callbacks.append(SyncFinder(warmup, steps))
-    loader = make_loader(cfg, built.datamodule.input_shape, warmup + steps)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        built.trainer.fit(built.model, train_dataloaders=loader)
+        fit_volt(cfg, warmup + steps, SyncFinder(warmup, steps))
     where = Counter(
         f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()
     )
@@ -129,11 +134,8 @@ def find_syncs(cfg: DictConfig, warmup: int, steps: int) -> dict[str, float]:
 
 
 def time_volt(cfg: DictConfig, warmup: int, steps: int) -> float:
-    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))
     timer = StepTimer(warmup, steps)
-    built.trainer.callbacks.append(timer)
-    loader = make_loader(cfg, built.datamodule.input_shape, warmup + steps)
-    built.trainer.fit(built.model, train_dataloaders=loader)
+    fit_volt(cfg, warmup + steps, timer)
     return (timer.end - timer.start) / steps
 
 

@@ -30,7 +30,7 @@ class _Verdict:
     #  loss bad on this rank, then one flag per parameter of `names`, bad on this rank]
     flags: Tensor
     ready: torch.cuda.Event | None  # None on the CPU, where the copy is already done
-    names: list[str]
+    params: list[Tensor]  # the parameters the per-parameter flags are about, in order
 
 
 class FiniteGuard(Callback):
@@ -94,8 +94,7 @@ class FiniteGuard(Callback):
         grads_bad = params_bad.amax(0, keepdim=True) if params else torch.zeros_like(loss_bad)
         anywhere = trainer.strategy.reduce(torch.cat([loss_bad, grads_bad]), reduce_op="sum")
         flags = torch.cat([anywhere.int(), loss_bad, params_bad])
-        names = [self._names.get(id(p), "?") for p in params]
-        self._pending.append(_Verdict(trainer.global_step, *_to_host(flags), names))
+        self._pending.append(_Verdict(trainer.global_step, *_to_host(flags), params))
         self._read_verdicts(trainer, wait=False)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -121,7 +120,8 @@ class FiniteGuard(Callback):
             flags = verdict.flags.tolist()
             if flags[0] or flags[1]:
                 self._pending.clear()
-                raise NonFiniteLossError(_message(verdict, flags, trainer.global_step))
+                names = [self._names.get(id(p), "?") for p in verdict.params]
+                raise NonFiniteLossError(_message(verdict, names, flags, trainer.global_step))
 
 
 def _to_host(flags: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:
@@ -139,12 +139,12 @@ def _params_with_gradients(optimizer: Optimizer) -> list[Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
 
-def _message(verdict: _Verdict, flags: list[int], step_now: int) -> str:
+def _message(verdict: _Verdict, names: list[str], flags: list[int], step_now: int) -> str:
     loss_bad_anywhere, _, loss_bad_here, *params_bad = flags
     if loss_bad_anywhere:
         where = "non-finite loss (NaN or inf)" + ("" if loss_bad_here else " on another rank")
     else:
-        bad_names = [n for n, bad in zip(verdict.names, params_bad, strict=True) if bad]
+        bad_names = [n for n, bad in zip(names, params_bad, strict=True) if bad]
         where = _describe_gradients(bad_names)
     if step_now == verdict.step:
         after = "training stopped before this step changed the weights (they, and every"
