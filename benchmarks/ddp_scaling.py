@@ -1,0 +1,185 @@
+"""Training throughput on one GPU and under DDP: volt's trainers against a plain PyTorch loop.
+
+    python benchmarks/fake_cifar10.py /tmp/data      # CIFAR-10's files, random pixels
+    python benchmarks/ddp_scaling.py --root /tmp/data --sides plain volt --gpus 1 2
+
+The workload is volt's CIFAR-sized one (`experiment=cifar10_resnet`: ResNet 64-128-256, global
+batch 256, bf16-mixed, SGD). Both sides read the same data set through the same per-sample
+augmentation and DataLoader settings (workers, pinned memory), one process per GPU:
+
+- plain: a hand-written DDP loop (`DistributedSampler`, `DistributedDataParallel`, autocast,
+         SyncBatchNorm unless --no-sync-bn), started with torch.multiprocessing.
+- volt:  `python train.py experiment=cifar10_resnet trainer=gpu|ddp ...` as a user runs it.
+- synthetic: the plain loop on random batches already on the GPU: what the GPUs can do when
+         data loading costs nothing.
+
+Each side reports training samples/s (all GPUs together) for each epoch; validation is not
+counted. Scaling is samples/s on N GPUs over samples/s on one, per side, from the last epoch.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+REPO = Path(__file__).resolve().parents[1]
+THROUGHPUT_LINE = re.compile(r"epoch (\d+): (\d+) training samples/s")
+
+
+def compose_cifar(root: str, overrides: list[str]):  # -> DictConfig
+    from hydra import compose, initialize_config_dir
+
+    from volt.config import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose(
+            "train", overrides=["experiment=cifar10_resnet", f"data.root={root}", *overrides]
+        )
+
+
+def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, results: str) -> None:
+    """One process of the plain loop; rank 0 writes the per-epoch rates to `results`."""
+    from volt.build import build_datamodule, build_model
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group(
+        "nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+    )
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    cfg = compose_cifar(args.root, [f"data.num_workers={args.workers}"])
+    datamodule = build_datamodule(cfg.data)
+    datamodule.setup()
+    model = build_model(cfg.model, datamodule)  # for its net and optimizer factory only
+    net: nn.Module = model.net.to(device)
+    if args.sync_bn and world > 1:
+        net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    if world > 1:
+        net = DistributedDataParallel(net, device_ids=[rank])
+    optimizer = model.optimizer_factory(net.parameters())
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.label_smoothing)
+    batch = cfg.data.batch_size // world
+    train_set = datamodule.train_set
+    sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(
+        train_set,
+        batch_size=batch,
+        sampler=sampler,
+        num_workers=args.workers,
+        pin_memory=True,
+        drop_last=True,
+        persistent_workers=True,
+        prefetch_factor=2,
+    )
+    if args.synthetic:
+        steps = len(loader)
+        x = torch.randn(batch, 3, 32, 32, device=device)
+        y = torch.randint(0, 10, (batch,), device=device)
+        loader = [(x, y)] * steps  # type: ignore[assignment]
+    rates = []
+    net.train()
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        torch.cuda.synchronize()
+        start, samples = time.perf_counter(), 0
+        for images, labels in loader:
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = criterion(net(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            samples += len(labels) * world
+        torch.cuda.synchronize()
+        rates.append(samples / (time.perf_counter() - start))
+    if rank == 0:
+        Path(results).write_text(json.dumps(rates))
+    dist.destroy_process_group()
+
+
+def run_plain(args: argparse.Namespace, gpus: int) -> list[float]:
+    results = f"/tmp/ddp_scaling_{os.getpid()}_{gpus}.json"
+    port = 29_500 + gpus + 10 * (os.getpid() % 1000)
+    mp.start_processes(
+        plain_rank, args=(gpus, args, port, results), nprocs=gpus, start_method="spawn"
+    )
+    return json.loads(Path(results).read_text())
+
+
+def run_volt(args: argparse.Namespace, gpus: int) -> list[float]:
+    trainer = "trainer=gpu" if gpus == 1 else f"trainer=ddp trainer.devices={gpus}"
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "experiment=cifar10_resnet",
+        *trainer.split(),
+        f"data.root={args.root}",
+        "precision=bf16-mixed",
+        f"data.num_workers={args.workers}",
+        f"trainer.max_epochs={args.epochs}",
+        "test=false",
+        "callbacks.progress_bar=null",
+        f"paths.outputs_dir={args.outputs}",
+        *args.volt_overrides,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    found = THROUGHPUT_LINE.findall(done.stdout + done.stderr)
+    if done.returncode or not found:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return [float(rate) for _, rate in found]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--root", required=True, help="folder holding cifar-10-batches-py")
+    parser.add_argument("--sides", nargs="+", default=["plain", "volt"])
+    parser.add_argument("--gpus", nargs="+", type=int, default=[1, torch.cuda.device_count()])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--no-sync-bn", dest="sync_bn", action="store_false")
+    parser.add_argument("--outputs", default="/tmp/outputs")
+    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--volt-overrides", nargs="*", default=[], help="more overrides for the volt side"
+    )
+    args = parser.parse_args()
+    rows = []
+    for side in args.sides:
+        for gpus in args.gpus:
+            args.synthetic = side == "synthetic"
+            rates = run_volt(args, gpus) if side == "volt" else run_plain(args, gpus)
+            rows.append({"side": side, "gpus": gpus, "samples_per_s": rates})
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{torch.cuda.get_device_name()} x {max(args.gpus)}  torch {torch.__version__}")
+    print(f"{'side':10} {'gpus':>4} {'samples/s by epoch':>30} {'scaling':>8}")
+    last = {(r["side"], r["gpus"]): r["samples_per_s"][-1] for r in rows}
+    for r in rows:
+        one = last.get((r["side"], 1))
+        scaling = f"{last[(r['side'], r['gpus'])] / one:8.2f}" if one else f"{'':8}"
+        rates = " / ".join(f"{v:,.0f}" for v in r["samples_per_s"])
+        print(f"{r['side']:10} {r['gpus']:4d} {rates:>30} {scaling}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"device": torch.cuda.get_device_name(), "rows": rows})
+        )
+
+
+if __name__ == "__main__":
+    main()
