@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
+from torch.nn.modules.batchnorm import _BatchNorm
 
 
 def rank_of_this_process() -> int:
@@ -46,3 +48,18 @@ class FailOnRank(Callback):
             and trainer.global_step == 3
         ):
             raise RuntimeError(f"injected failure on rank {self.rank} ({self.when})")
+
+
+class RecordBatchNorm(Callback):
+    """Writes this rank's BatchNorm layer classes and their running means at the end of training
+    to <run dir>/batchnorm_rank<N>.pt: synchronised layers end with the same statistics."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        layers = [m for m in pl_module.modules() if isinstance(m, _BatchNorm)]
+        record = {
+            "classes": sorted({f"{type(m).__module__}.{type(m).__name__}" for m in layers}),
+            "running_means": [m.running_mean.cpu() for m in layers],
+        }
+        torch.save(
+            record, Path(trainer.default_root_dir, f"batchnorm_rank{trainer.global_rank}.pt")
+        )

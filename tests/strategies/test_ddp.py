@@ -74,10 +74,17 @@ def test_ddp_config_asks_for_two_cpu_processes_or_torchruns(
 
 
 def test_mission_command_runs_ddp_over_two_cpu_processes(run_volt: Run, tmp_path: Path) -> None:
-    result = run_volt([*QUICK, "precision=16-mixed"])
+    probe = f"+callbacks.bn_probe={{_target_:{PROBES}.RecordBatchNorm}}"
+    result = run_volt([*QUICK, "precision=16-mixed", probe])
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
     assert_one_ddp_run(run_dir)
+    # The MLP's BatchNorm layers ran synchronised on both ranks (sync_batchnorm: true).
+    ranks = [torch.load(run_dir / f"batchnorm_rank{rank}.pt") for rank in (0, 1)]
+    for record in ranks:
+        assert record["classes"] == ["volt.strategies.sync_batchnorm.SyncBatchNorm"]
+    for mean0, mean1 in zip(ranks[0]["running_means"], ranks[1]["running_means"], strict=True):
+        torch.testing.assert_close(mean0, mean1)
     if not torch.cuda.is_available():
         line = "DDP on the CPU (no GPU visible): 2 processes over gloo"
         assert (run_dir / "train.log").read_text().count(line) == 1

@@ -48,6 +48,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from volt.strategies.sync_batchnorm import SyncBatchNormLayers
+
 log = logging.getLogger(__name__)
 
 # After another rank failed: how long rank 0 has to end the run by itself before it is killed.
@@ -92,8 +94,9 @@ class DDPStrategy(LightningDDPStrategy):
     """Lightning's DDPStrategy, with ranks started from `rank_config` (see the module docstring).
 
     `rank_config` is the run's resolved config (`volt.train.train` writes it before building the
-    Trainer). On the CPU, where SyncBatchNorm cannot run, `sync_batchnorm` is switched off.
-    Other keyword arguments go to Lightning's DDPStrategy (e.g. `find_unused_parameters`).
+    Trainer). `Trainer(sync_batchnorm=True)` uses volt's SyncBatchNorm, which never makes the host
+    wait for the GPU and also runs on the CPU. Other keyword arguments go to Lightning's
+    DDPStrategy (e.g. `find_unused_parameters`).
     """
 
     def __init__(self, rank_config: str | Path, **ddp_kwargs: Any) -> None:
@@ -104,7 +107,10 @@ class DDPStrategy(LightningDDPStrategy):
     def _configure_launcher(self) -> None:
         # Lightning calls this once, when the Trainer has given the strategy its devices.
         assert self.cluster_environment is not None
-        self._fall_back_to_cpu()
+        self._announce_cpu()
+        if self._layer_sync is not None:
+            # Set by the Trainer for sync_batchnorm=True just before this call.
+            self._layer_sync = SyncBatchNormLayers()
         self._launcher = _RunConfigLauncher(
             self.cluster_environment, self.num_processes, self.num_nodes, self.rank_config
         )
@@ -118,19 +124,13 @@ class DDPStrategy(LightningDDPStrategy):
         device_ids = self.determine_ddp_device_ids()
         return DistributedDataParallel(module=model, device_ids=device_ids, **self._ddp_kwargs)
 
-    def _fall_back_to_cpu(self) -> None:
+    def _announce_cpu(self) -> None:
         assert self.parallel_devices is not None
         if self.parallel_devices[0].type != "cpu":
             return
         reason = "accelerator=cpu" if torch.cuda.is_available() else "no GPU visible"
-        note = ""
-        if self._layer_sync is not None:
-            # torch's SyncBatchNorm refuses CPU tensors; each process keeps its own statistics.
-            self._layer_sync = None
-            note = "; sync_batchnorm off: SyncBatchNorm needs CUDA"
         rank_zero_info(
-            f"DDP on the CPU ({reason}): {self.num_nodes * self.num_processes} processes over"
-            f" gloo{note}"
+            f"DDP on the CPU ({reason}): {self.num_nodes * self.num_processes} processes over gloo"
         )
 
 

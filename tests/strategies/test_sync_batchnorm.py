@@ -1,0 +1,191 @@
+"""volt's SyncBatchNorm against BatchNorm over the whole global batch in one process.
+
+Two real ranks (gloo on the CPU, NCCL on two GPUs) each normalise their slice of one global batch;
+outputs, input gradients, summed weight gradients and running statistics must match a single
+`nn.BatchNorm` that saw the whole batch, for uneven slices and for a rank with an empty slice.
+"""
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from volt.nets.resnet import ResNet
+from volt.strategies.sync_batchnorm import SyncBatchNorm, SyncBatchNormLayers, convert_batchnorm
+
+WORLD_SIZE = 2
+CHANNELS = 4
+STEPS = 2  # two steps: the running statistics are updated from updated ones
+
+
+@dataclass(frozen=True)
+class Case:
+    slices: tuple[int, int]  # samples on rank 0 and rank 1
+    momentum: float | None = 0.1
+    affine: bool = True
+    channels_last: bool = False
+    spatial: tuple[int, ...] = (3, 5)  # () for BatchNorm1d on (N, C)
+
+    def batch(self, step: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(step)
+        shape = (sum(self.slices), CHANNELS, *self.spatial)
+        # An offset mean makes a merge that subtracts large squares visibly wrong.
+        return torch.randn(shape, generator=generator, dtype=torch.float64) * 3 + 5
+
+    def output_weights(self, step: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(100 + step)
+        return torch.randn(self.batch(step).shape, generator=generator, dtype=torch.float64)
+
+    def batchnorm(self) -> nn.Module:
+        kind = nn.BatchNorm1d if not self.spatial else nn.BatchNorm2d
+        return kind(CHANNELS, momentum=self.momentum, affine=self.affine)
+
+
+CASES = [
+    Case(slices=(5, 3)),
+    Case(slices=(0, 6)),  # rank 0 has nothing this step
+    Case(slices=(4, 4), momentum=None, affine=False),
+    Case(slices=(6, 2), channels_last=True),
+    Case(slices=(3, 5), spatial=()),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(rank: int, port: int, backend: str, out_dir: Path) -> None:
+    """One rank: every case, its slice of each step's batch, results saved for the test."""
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
+    )
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    results = []
+    for case in CASES:
+        layer = convert_batchnorm(case.batchnorm()).to(device)
+        assert type(layer) is SyncBatchNorm
+        layer.train()
+        start = sum(case.slices[:rank])
+        rows = slice(start, start + case.slices[rank])
+        steps = []
+        for step in range(STEPS):
+            # float32 on the ranks, as in training; the reference runs in float64
+            x = case.batch(step)[rows].float().to(device).requires_grad_()
+            if case.channels_last:
+                x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+            layer.zero_grad()
+            out = layer(x)
+            (out * case.output_weights(step)[rows].float().to(device)).sum().backward()
+            steps.append(
+                {
+                    "out": out.detach().cpu(),
+                    "grad_input": x.grad.cpu() if x.grad is not None else torch.zeros(x.shape),
+                    "grads": [
+                        p.grad.cpu() if p.grad is not None else torch.zeros(p.shape)
+                        for p in layer.parameters()
+                    ],
+                }
+            )
+        buffers = {name: value.cpu() for name, value in layer.named_buffers()}
+        results.append({"steps": steps, "buffers": buffers})
+    torch.save(results, out_dir / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def reference(case: Case) -> dict:
+    layer = case.batchnorm().double().train()
+    steps = []
+    for step in range(STEPS):
+        x = case.batch(step).requires_grad_()
+        layer.zero_grad()
+        out = layer(x)
+        (out * case.output_weights(step)).sum().backward()
+        steps.append(
+            {
+                "out": out.detach(),
+                "grad_input": x.grad,
+                "grads": [p.grad for p in layer.parameters()],
+            }
+        )
+    return {"steps": steps, "buffers": dict(layer.named_buffers())}
+
+
+def check_against_reference(out_dir: Path, atol: float) -> None:
+    ranks = [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD_SIZE)]
+    for index, case in enumerate(CASES):
+        expected = reference(case)
+        for step in range(STEPS):
+            got = [ranks[r][index]["steps"][step] for r in range(WORLD_SIZE)]
+            want = expected["steps"][step]
+            for key in ("out", "grad_input"):
+                joined = torch.cat([g[key] for g in got]).double()
+                torch.testing.assert_close(
+                    joined, want[key], atol=atol, rtol=atol, msg=f"{case} {key}"
+                )
+            # Each rank holds the gradient of its own slice; DDP sums (then averages) them.
+            for position, grad in enumerate(want["grads"]):
+                summed = sum(g["grads"][position].double() for g in got)
+                torch.testing.assert_close(summed, grad, atol=atol, rtol=atol, msg=f"{case} grads")
+        for rank in range(WORLD_SIZE):
+            for name, value in expected["buffers"].items():
+                torch.testing.assert_close(
+                    ranks[rank][index]["buffers"][name].to(value.dtype),
+                    value,
+                    atol=atol,
+                    rtol=atol,
+                    msg=f"{case} rank {rank} {name}",
+                )
+
+
+def test_two_cpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
+    mp.spawn(run_ranks, args=(free_port(), "gloo", tmp_path), nprocs=WORLD_SIZE)
+    check_against_reference(tmp_path, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
+    mp.spawn(run_ranks, args=(free_port(), "nccl", tmp_path), nprocs=WORLD_SIZE)
+    check_against_reference(tmp_path, atol=1e-4)
+
+
+def test_without_a_process_group_it_is_plain_batchnorm() -> None:
+    torch.manual_seed(0)
+    plain = nn.BatchNorm2d(CHANNELS)
+    synced = convert_batchnorm(nn.BatchNorm2d(CHANNELS))
+    x = torch.randn(6, CHANNELS, 3, 3)
+    torch.testing.assert_close(synced(x), plain(x))
+    torch.testing.assert_close(synced.running_var, plain.running_var)
+
+
+def small_resnet() -> nn.Module:
+    return ResNet(in_shape=(3, 8, 8), num_classes=10, widths=[8, 16], blocks_per_stage=[1, 1])
+
+
+def test_conversion_shares_tensors_and_reverts_to_the_same_classes_and_state_dict() -> None:
+    net = small_resnet()
+    classes = [type(m) for m in net.modules()]
+    before = {name: value.clone() for name, value in net.state_dict().items()}
+    layers = SyncBatchNormLayers()
+    converted = layers.apply(net)
+    batchnorms = [m for m in converted.modules() if isinstance(m, _BatchNorm)]
+    assert batchnorms and all(type(m) is SyncBatchNorm for m in batchnorms)
+    # torch's converted layers are replaced too
+    again = convert_batchnorm(nn.SyncBatchNorm.convert_sync_batchnorm(small_resnet()))
+    assert not any(isinstance(m, nn.SyncBatchNorm) for m in again.modules())
+    reverted = layers.revert(converted)
+    assert [type(m) for m in reverted.modules()] == classes
+    after = reverted.state_dict()
+    assert after.keys() == before.keys()
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value)
