@@ -245,3 +245,47 @@ def test_volt_saves_and_exits_143_on_sigterm(
     saved = torch.load(last, weights_only=True)
     assert saved["global_step"] > before
     assert saved["volt_config"]["trainer"]["max_epochs"] == 1000
+
+
+def test_a_signal_to_another_ddp_rank_stops_every_rank_and_saves(
+    fast: list[str], tmp_path: Path
+) -> None:
+    outputs = tmp_path / "volt"
+    overrides = [o for o in fast if not o.startswith("trainer.max_epochs=")]
+    process = start_volt([*overrides, "trainer=ddp", "trainer.max_epochs=1000"], outputs)
+    last = wait_for("train/runs/*/checkpoints/last.ckpt", outputs, process)
+    before = torch.load(last, weights_only=True)["global_step"]
+    (rank1,) = [
+        int(cmdline.parent.name)
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline")
+        if b"volt.strategies.rank_entry" in cmdline.read_bytes()
+        and str(outputs).encode() in cmdline.read_bytes()
+    ]
+    os.kill(rank1, signal.SIGTERM)  # rank 0 learns of it through the queued all-reduce
+    process.wait(timeout=120)
+
+    console = (outputs / "console.txt").read_text()
+    assert process.returncode == 143, console
+    assert torch.load(last, weights_only=True)["global_step"] > before
+    assert "Stopped on SIGTERM" in console
+
+
+class RecordLightningSigtermCheck(Callback):
+    """Whether Lightning's per-step SIGTERM broadcast is switched off, seen during training."""
+
+    def __init__(self) -> None:
+        self.switched_off: list[bool] = []
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: object, batch_idx: int
+    ) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        self.switched_off.append("_broadcast_sigterm_tensor" in vars(loop))
+
+
+def test_lightning_sigterm_broadcast_is_off_during_the_fit_only() -> None:
+    record = RecordLightningSigtermCheck()
+    trainer = quiet_trainer([GracefulShutdown("unused"), record], max_steps=3)
+    trainer.fit(Regression(), eight_batches(), eight_batches())
+    assert record.switched_off == [True, True, True]
+    assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)

@@ -11,6 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.optim import Optimizer
 
+from volt.strategies.collectives import all_reduce_queued
+
 FIXES = (
     "lower model.optimizer.lr, use gradient clipping trainer.gradient_clip_val=1.0,"
     " or precision=bf16-mixed / 32-true"
@@ -92,7 +94,7 @@ class FiniteGuard(Callback):
         # Under DDP the gradients agree after their all-reduce but each rank has its own loss,
         # and FSDP shards the gradients: all ranks must stop together, so they pool the verdict.
         grads_bad = params_bad.amax(0, keepdim=True) if params else torch.zeros_like(loss_bad)
-        anywhere = trainer.strategy.reduce(torch.cat([loss_bad, grads_bad]), reduce_op="sum")
+        anywhere = all_reduce_queued(torch.cat([loss_bad, grads_bad]), op="sum")
         flags = torch.cat([anywhere.int(), loss_bad, params_bad])
         self._pending.append(_Verdict(trainer.global_step, *_to_host(flags), params))
         self._read_verdicts(trainer, wait=False)

@@ -17,6 +17,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from volt.strategies.collectives import all_reduce_queued
+
 log = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -49,10 +51,14 @@ class GracefulShutdown(Callback):
     training ends, so a scheduler's grace period (SLURM's KillWait, Kubernetes'
     terminationGracePeriodSeconds) should outlast one validation pass.
 
-    Under DDP any rank's signal stops all of them at the same step: the ranks agree through one
-    all-reduce of an integer per optimizer step. A second Ctrl+C stops at once, without saving.
-    Handlers are installed for the fit (from the sanity check on, replacing Lightning's SIGTERM
-    handler, whose early exit would skip the checkpoint) and restored when training ends.
+    Under DDP any rank's signal stops all of them at the same step: each optimizer step queues
+    an all-reduce of the ranks' signals on the GPU, and the next step reads it, by when the GPU
+    is long done with it; so a signal stops training one optimizer step later than on one
+    process, and the host never waits for the GPU to find out. A second Ctrl+C stops at once,
+    without saving. Handlers are installed for the fit (from the sanity check on, replacing
+    Lightning's SIGTERM handler, whose early exit would skip the checkpoint) and restored when
+    training ends. Meanwhile Lightning's own per-step check for that handler's flag (a broadcast
+    read back on the host: one host sync per step) is switched off: the flag can no longer be set.
     """
 
     def __init__(self, checkpoint_dir: str | Path) -> None:
@@ -60,6 +66,7 @@ class GracefulShutdown(Callback):
         self._signum: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._steps_done = 0
+        self._pending: _SignalOnAnyRank | None = None
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()
@@ -67,6 +74,8 @@ class GracefulShutdown(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()  # again, for fits without a sanity check; installs once per fit
         self._steps_done = trainer.global_step
+        self._pending = None
+        _skip_lightning_sigterm_check(trainer, skip=True)
 
     def on_train_batch_end(
         self,
@@ -79,20 +88,36 @@ class GracefulShutdown(Callback):
         if trainer.global_step == self._steps_done:
             return  # inside an accumulation window: no optimizer step yet
         self._steps_done = trainer.global_step
-        self._stop_if_signalled(trainer)
+        if trainer.world_size == 1:
+            self._stop_if_signalled(trainer, self._signum or 0)
+            return
+        # The verdict of the previous step, which every rank reads at this same step.
+        previous, self._pending = (
+            self._pending,
+            _SignalOnAnyRank(self._signum or 0, pl_module.device),
+        )
+        if previous is not None:
+            self._stop_if_signalled(trainer, previous.read())
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A signal that came during the last validation has had no batch end to act on.
-        self._stop_if_signalled(trainer)
-        self._uninstall()
+        signum = self._signum or 0
+        if trainer.world_size > 1:
+            signum = _SignalOnAnyRank(signum, pl_module.device).read()
+        self._stop_if_signalled(trainer, signum)
+        self._end(trainer)
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._uninstall()
+        self._end(trainer)
 
-    def _stop_if_signalled(self, trainer: pl.Trainer) -> None:
-        signum = self._signal_on_any_rank(trainer)
+    def _end(self, trainer: pl.Trainer) -> None:
+        self._uninstall()
+        self._pending = None
+        _skip_lightning_sigterm_check(trainer, skip=False)
+
+    def _stop_if_signalled(self, trainer: pl.Trainer, signum: int) -> None:
         if not signum:
             return
         trainer.save_checkpoint(self.checkpoint_path, weights_only=False)  # optimizer too
@@ -104,16 +129,6 @@ class GracefulShutdown(Callback):
                 self.checkpoint_path,
             )
         raise TrainingInterrupted(signum, self.checkpoint_path)
-
-    def _signal_on_any_rank(self, trainer: pl.Trainer) -> int:
-        """The signal this or any other rank received (the highest, if several); 0 if none."""
-        if trainer.world_size == 1:
-            return self._signum or 0
-        # One all-reduce and one host sync per optimizer step, under multi-process strategies only.
-        # Lightning's own SIGTERM broadcast is no substitute: it runs a collective inside the
-        # signal handler, out of order with the training step's collectives.
-        local = torch.tensor(self._signum or 0, device=trainer.strategy.root_device)
-        return int(trainer.strategy.reduce(local, reduce_op="max").item())
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._signum is None:
@@ -142,3 +157,43 @@ class GracefulShutdown(Callback):
             if handler is not None:  # None: set outside Python, cannot be put back
                 signal.signal(signum, handler)
         self._previous_handlers = {}
+
+
+class _SignalOnAnyRank:
+    """The highest signal number any rank has received (0: none), reduced on the GPU.
+
+    The result is copied to pinned host memory without blocking; `read` waits only if the GPU
+    has not got there yet, which one optimizer step later it has, short of a very slow step.
+    """
+
+    def __init__(self, signum: int, device: torch.device) -> None:
+        # torch.full, not torch.tensor: a copy from pageable host memory would wait for the GPU.
+        reduced = all_reduce_queued(torch.full((), signum, device=device), op="max")
+        self._ready: torch.cuda.Event | None = None
+        self._host = reduced
+        if reduced.is_cuda:
+            self._host = torch.empty((), dtype=reduced.dtype, pin_memory=True)
+            self._host.copy_(reduced, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def read(self) -> int:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return int(self._host.item())
+
+
+def _skip_lightning_sigterm_check(trainer: pl.Trainer, skip: bool) -> None:
+    """Turn Lightning's per-step broadcast of its SIGTERM flag off (skip) or back on.
+
+    Lightning 2.6's training loop broadcasts `trainer.received_sigterm` from rank 0 before every
+    batch and reads it on the host. The flag is set only by Lightning's SIGTERM handler, which
+    this callback replaces for the fit. A Lightning without that method is left as it is.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if not hasattr(type(loop), "_broadcast_sigterm_tensor"):
+        return
+    if skip:
+        loop._broadcast_sigterm_tensor = lambda: None  # type: ignore[method-assign]
+    else:
+        loop.__dict__.pop("_broadcast_sigterm_tensor", None)

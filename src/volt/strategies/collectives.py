@@ -1,0 +1,19 @@
+"""All-reduce for per-step checks that must not make the host wait for the GPU.
+
+Lightning's `strategy.reduce` runs a `barrier()` before its all-reduce, and NCCL's barrier
+blocks the CPU until the GPU has finished all the work queued so far. Called once per step, that
+keeps the CPU from queueing the next step ahead of the GPU. `all_reduce` alone is only queued on
+the GPU's stream: the host reads the result later, when it needs it.
+"""
+
+import torch.distributed as dist
+from torch import Tensor
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def all_reduce_queued(tensor: Tensor, op: str) -> Tensor:
+    """`tensor` reduced in place over all ranks with `op` ("sum" or "max"); itself if one rank."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=_OPS[op])
+    return tensor
