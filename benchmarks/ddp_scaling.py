@@ -7,12 +7,15 @@ The workload is volt's CIFAR-sized one (`experiment=cifar10_resnet`: ResNet 64-1
 batch 256, bf16-mixed, SGD). Both sides read the same data set through the same per-sample
 augmentation and DataLoader settings (workers, pinned memory), one process per GPU:
 
-- plain: a hand-written DDP loop (`DistributedSampler`, `DistributedDataParallel`, autocast,
-         SyncBatchNorm unless --no-sync-bn), started with torch.multiprocessing.
+- plain: a hand-written DDP loop (`DistributedSampler`, `DistributedDataParallel`, autocast),
+         started with torch.multiprocessing; BatchNorm synchronised with torch's
+         `nn.SyncBatchNorm` (--sync-bn torch), volt's (volt, as `trainer=ddp` does) or not (none).
 - volt:  `python train.py experiment=cifar10_resnet trainer=gpu|ddp ...` as a user runs it.
 - synthetic: the plain loop on random batches already on the GPU: what the GPUs can do when
          data loading costs nothing.
 
+The global batch is the experiment's 256 on any number of GPUs (strong scaling: each of 2 GPUs
+gets 128), or --batch-per-gpu B on each GPU (weak scaling: the global batch grows with the GPUs).
 Each side reports training samples/s (all GPUs together) for each epoch; validation is not
 counted. Scaling is samples/s on N GPUs over samples/s on one, per side, from the last epoch.
 """
@@ -49,9 +52,15 @@ def compose_cifar(root: str, overrides: list[str]):  # -> DictConfig
         )
 
 
+def batch_override(args: argparse.Namespace, gpus: int) -> list[str]:
+    """The global batch: the experiment's own, or --batch-per-gpu on each of `gpus`."""
+    return [f"data.batch_size={args.batch_per_gpu * gpus}"] if args.batch_per_gpu else []
+
+
 def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, results: str) -> None:
     """One process of the plain loop; rank 0 writes the per-epoch rates to `results`."""
     from volt.build import build_datamodule, build_model
+    from volt.strategies.sync_batchnorm import convert_batchnorm
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -61,13 +70,17 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
     )
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    cfg = compose_cifar(args.root, [f"data.num_workers={args.workers}"])
+    cfg = compose_cifar(
+        args.root, [f"data.num_workers={args.workers}", *batch_override(args, world)]
+    )
     datamodule = build_datamodule(cfg.data)
     datamodule.setup()
     model = build_model(cfg.model, datamodule)  # for its net and optimizer factory only
     net: nn.Module = model.net.to(device)
-    if args.sync_bn and world > 1:
+    if args.sync_bn == "torch" and world > 1:
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
+    elif args.sync_bn == "volt" and world > 1:
+        net = convert_batchnorm(net)
     if world > 1:
         net = DistributedDataParallel(net, device_ids=[rank])
     optimizer = model.optimizer_factory(net.parameters())
@@ -123,6 +136,8 @@ def run_plain(args: argparse.Namespace, gpus: int) -> list[float]:
 
 def run_volt(args: argparse.Namespace, gpus: int) -> list[float]:
     trainer = "trainer=gpu" if gpus == 1 else f"trainer=ddp trainer.devices={gpus}"
+    if gpus > 1 and args.sync_bn == "none":
+        trainer += " trainer.sync_batchnorm=false"  # "torch" is not on offer in volt
     command = [
         sys.executable,
         str(REPO / "train.py"),
@@ -131,6 +146,7 @@ def run_volt(args: argparse.Namespace, gpus: int) -> list[float]:
         f"data.root={args.root}",
         "precision=bf16-mixed",
         f"data.num_workers={args.workers}",
+        *batch_override(args, gpus),
         f"trainer.max_epochs={args.epochs}",
         "test=false",
         "callbacks.progress_bar=null",
@@ -153,7 +169,8 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", type=int, default=[1, torch.cuda.device_count()])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--no-sync-bn", dest="sync_bn", action="store_false")
+    parser.add_argument("--sync-bn", choices=["torch", "volt", "none"], default="volt")
+    parser.add_argument("--batch-per-gpu", type=int, help="weak scaling; default: global 256")
     parser.add_argument("--outputs", default="/tmp/outputs")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
@@ -167,7 +184,11 @@ def main() -> None:
             rates = run_volt(args, gpus) if side == "volt" else run_plain(args, gpus)
             rows.append({"side": side, "gpus": gpus, "samples_per_s": rates})
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{torch.cuda.get_device_name()} x {max(args.gpus)}  torch {torch.__version__}")
+    batch = f"{args.batch_per_gpu} per GPU" if args.batch_per_gpu else "256 global"
+    print(
+        f"\n{torch.cuda.get_device_name()} x {max(args.gpus)}  torch {torch.__version__}"
+        f"  batch {batch}  sync-bn {args.sync_bn}"
+    )
     print(f"{'side':10} {'gpus':>4} {'samples/s by epoch':>30} {'scaling':>8}")
     last = {(r["side"], r["gpus"]): r["samples_per_s"][-1] for r in rows}
     for r in rows:

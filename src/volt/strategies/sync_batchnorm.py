@@ -65,15 +65,18 @@ class SyncBatchNorm(_BatchNorm):
             return super().forward(input)
 
         self._check_input_dim(input)
-        running_mean = running_var = momentum = None
+        running_mean = running_var = None
+        momentum = 0.0
         if self.track_running_stats:
             assert self.num_batches_tracked is not None
             self.num_batches_tracked.add_(1)
             running_mean, running_var = self.running_mean, self.running_var
-            # momentum=None asks for the cumulative average; kept as a tensor, so no `.item()`.
-            momentum = (
-                1.0 / self.num_batches_tracked if self.momentum is None else float(self.momentum)
-            )
+            if self.momentum is not None:
+                momentum = self.momentum
+            else:
+                # The cumulative average, as in BatchNorm; reading the count waits for the GPU
+                # (the merge kernel takes a number), so prefer a momentum.
+                momentum = 1.0 / self.num_batches_tracked.item()
         return _GlobalBatchNorm.apply(
             input, self.weight, self.bias, running_mean, running_var, momentum, self.eps, group
         )
@@ -163,7 +166,7 @@ class _GlobalBatchNorm(torch.autograd.Function):
         bias: Tensor | None,
         running_mean: Tensor | None,
         running_var: Tensor | None,
-        momentum: float | Tensor | None,
+        momentum: float,
         eps: float,
         group: dist.ProcessGroup,
     ) -> Tensor:
@@ -172,37 +175,27 @@ class _GlobalBatchNorm(torch.autograd.Function):
         channels = input.shape[1]
         count = input.numel() // channels
         if count > 0:
-            mean, var = kernels.stats(input, eps)
+            mean, invstd = kernels.stats(input, eps)
         else:
             # An empty batch on this rank: any finite statistics do, its count of 0 weighs them out.
-            mean = var = input.new_zeros(channels, dtype=torch.float32)
-        # (2C + 1,) -> (W, 2C + 1): every rank's mean, biased variance and count.
-        local = torch.cat([mean.float(), var.float(), mean.new_full((1,), float(count))])
-        gathered = _all_gather(local, group)
-        means, variances, counts = gathered.split([channels, channels, 1], dim=1)
-
-        # Merging groups of sizes n_r: N = sum n_r, mean = sum n_r mean_r / N and
-        # var = sum n_r (var_r + (mean_r - mean)^2) / N, with no difference of large squares.
-        total = counts.sum()
-        weights = counts / total  # (W, 1)
-        mean = (weights * means).sum(0)
-        var = (weights * (variances + (means - mean) ** 2)).sum(0)
-        invstd = torch.rsqrt(var + eps)
-
-        if running_mean is not None and running_var is not None and momentum is not None:
-            with torch.no_grad():
-                unbiased = var * (total / (total - 1))
-                if isinstance(momentum, Tensor):
-                    momentum = momentum.to(running_mean.dtype)
-                running_mean.lerp_(mean.to(running_mean.dtype), momentum)
-                running_var.lerp_(unbiased.to(running_var.dtype), momentum)
+            mean = input.new_zeros(channels, dtype=torch.float32)
+            invstd = torch.ones_like(mean)
+        # (2C + 1,) -> (W, 2C + 1): every rank's mean, inverse standard deviation and count.
+        local = torch.cat([mean.float(), invstd.float(), mean.new_full((1,), float(count))])
+        means, invstds, counts = _all_gather(local, group).split([channels, channels, 1], dim=1)
+        # Merging runs through the ranks keeping a running count and divides by it, 0/0 if the
+        # first ranks were empty: a count of 1e-30 weighs an empty rank out just as well.
+        counts = counts.flatten().clamp_min(1e-30)
+        mean, invstd = kernels.merge_stats(
+            input, means, invstds, counts, running_mean, running_var, momentum, eps
+        )
 
         ctx.save_for_backward(
             input,
             weight,  # type: ignore[arg-type]  # None is saved as None
             mean,
             invstd,
-            counts.flatten().to(torch.int32),
+            counts.to(torch.int32),  # 1e-30 -> 0
         )
         ctx.group = group  # type: ignore[attr-defined]
         if count == 0:
@@ -267,8 +260,26 @@ class _CUDA:
 
     @staticmethod
     def stats(input: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        mean, invstd = torch.batch_norm_stats(input, eps)
-        return mean, invstd.float().pow(-2) - eps
+        return torch.batch_norm_stats(input, eps)
+
+    @staticmethod
+    def merge_stats(
+        input: Tensor,
+        means: Tensor,
+        invstds: Tensor,
+        counts: Tensor,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+        momentum: float,
+        eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        # One kernel: the global mean and inverse std, and the running statistics updated.
+        if running_mean is not None:
+            counts = counts.to(running_mean.dtype)
+        mean, invstd = torch.batch_norm_gather_stats_with_counts(
+            input, means, invstds, running_mean, running_var, momentum, eps, counts
+        )
+        return mean, invstd
 
     @staticmethod
     def normalize(
@@ -330,7 +341,31 @@ class _CPU:
     @staticmethod
     def stats(input: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         var, mean = torch.var_mean(input.float(), dim=_CPU._reduced_dims(input), correction=0)
-        return mean, var
+        return mean, torch.rsqrt(var + eps)
+
+    @staticmethod
+    def merge_stats(
+        input: Tensor,
+        means: Tensor,
+        invstds: Tensor,
+        counts: Tensor,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+        momentum: float,
+        eps: float,
+    ) -> tuple[Tensor, Tensor]:
+        # Groups of sizes n_r: N = sum n_r, mean = sum n_r mean_r / N and
+        # var = sum n_r (var_r + (mean_r - mean)^2) / N, with no difference of large squares.
+        variances = invstds.pow(-2) - eps  # (W, C)
+        total = counts.sum()
+        weights = (counts / total).unsqueeze(1)  # (W, 1)
+        mean = (weights * means).sum(0)
+        var = (weights * (variances + (means - mean) ** 2)).sum(0)
+        if running_mean is not None and running_var is not None:
+            unbiased = var * (total / (total - 1))
+            running_mean.lerp_(mean.to(running_mean.dtype), momentum)
+            running_var.lerp_(unbiased.to(running_var.dtype), momentum)
+        return mean, torch.rsqrt(var + eps)
 
     @staticmethod
     def normalize(
