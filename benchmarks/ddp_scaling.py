@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -60,7 +61,7 @@ def batch_override(args: argparse.Namespace, gpus: int) -> list[str]:
 def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, results: str) -> None:
     """One process of the plain loop; rank 0 writes the per-epoch rates to `results`."""
     from volt.build import build_datamodule, build_model
-    from volt.strategies.sync_batchnorm import convert_batchnorm
+    from volt.strategies.sync_batchnorm import SyncBatchNormLayers
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -80,7 +81,7 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
     if args.sync_bn == "torch" and world > 1:
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     elif args.sync_bn == "volt" and world > 1:
-        net = convert_batchnorm(net)
+        net = SyncBatchNormLayers().apply(net)  # as trainer=ddp does
     if world > 1:
         net = DistributedDataParallel(net, device_ids=[rank])
     optimizer = model.optimizer_factory(net.parameters())
@@ -127,7 +128,9 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
 
 def run_plain(args: argparse.Namespace, gpus: int) -> list[float]:
     results = f"/tmp/ddp_scaling_{os.getpid()}_{gpus}.json"
-    port = 29_500 + gpus + 10 * (os.getpid() % 1000)
+    with socket.socket() as sock:  # a port free now; the ranks bind it a moment later
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     mp.start_processes(
         plain_rank, args=(gpus, args, port, results), nprocs=gpus, start_method="spawn"
     )

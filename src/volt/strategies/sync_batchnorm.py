@@ -145,12 +145,21 @@ def _device_of(module: nn.Module) -> torch.device | None:
 class SyncBatchNormLayers(LayerSync):
     """Lightning's `sync_batchnorm=True`, done with volt's `SyncBatchNorm`.
 
-    Checkpoints hold the same keys as without it: the layers keep their parameters and buffers.
+    The layers talk over a process group of their own (all ranks): on the default group their
+    collectives would queue behind DDP's gradient all-reduces, and backward would wait for those
+    at every BatchNorm layer (on 2 x H200, a plain DDP loop: 27.2k samples/s on the default
+    group, 30.3k on its own). Checkpoints hold the same keys as without it: the layers keep
+    their parameters and buffers.
     """
 
     @override
     def apply(self, model: nn.Module) -> nn.Module:
-        return convert_batchnorm(model)
+        # Lightning calls this on every rank after the process group is up, as new_group needs.
+        if not (dist.is_available() and dist.is_initialized()):
+            return convert_batchnorm(model)
+        group = dist.new_group()
+        assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+        return convert_batchnorm(model, group)
 
     @override
     def revert(self, model: nn.Module) -> nn.Module:
