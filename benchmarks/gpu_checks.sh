@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The single-GPU checks behind the README's GPU section, as run on the lent GPU machine:
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench [workload]|multi|throughput
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench [workload]|multi|throughput|scaling
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -31,6 +31,14 @@ case ${1:-tests} in
         trainer.max_epochs=3 test=false data.num_workers=8 callbacks.progress_bar=null \
         paths.outputs_dir=/tmp/outputs > "$out/throughput_$t.log" 2>&1
       echo "$t: $(grep -oE "epoch [0-9]+: [0-9]+ training samples/s" "$out/throughput_$t.log" | tr '\n' ' ')"
+    done
+    ;;
+  scaling)  # two GPUs: volt and a plain PyTorch DDP loop, 1 vs 2 GPUs, 256 samples per GPU
+    python benchmarks/fake_cifar10.py /tmp/data
+    for sbn in ${SYNC_BN:-volt none}; do
+      python benchmarks/ddp_scaling.py --root /tmp/data --sides plain volt --gpus 1 2 \
+        --batch-per-gpu 256 --sync-bn $sbn --json "$out/scaling_$sbn.json" 2>&1 \
+        | grep --line-buffered -vi warn | tee "$out/scaling_$sbn.log" | tail -6
     done
     ;;
   syncs)  # where volt's configured training steps make the CPU wait for the GPU

@@ -1,16 +1,17 @@
 """BatchNorm over the global batch of a DDP run, without waiting on the GPU from the host.
 
 torch's `nn.SyncBatchNorm` drops the statistics of ranks whose batch is empty with a boolean mask
-whose size depends on values on the GPU, so every BatchNorm layer makes the host wait for the GPU
-twice per step (forward and the next launch). A ResNet has one such layer per convolution: on
-2 x H200 a plain PyTorch DDP loop with it ran at 9.0k samples/s, without it at 20.7k (CIFAR-sized
-ResNet, bf16). Here the statistics of all ranks are merged with a count-weighted formula in which
-an empty rank (count 0) simply weighs nothing, so nothing needs to leave the GPU.
+whose size depends on values on the GPU, so every BatchNorm layer makes the host wait for the
+GPU. A ResNet has one such layer per convolution: on 2 x H200 a plain PyTorch DDP
+loop with it ran at 9.0k samples/s, without it at 20.7k (CIFAR-sized ResNet, bf16, 128 per GPU).
+Here an empty rank's statistics go into the merge with a count of (almost) 0, where they weigh
+nothing, so nothing needs to leave the GPU; at 256 per GPU the same loop ran at 19.7k with
+torch's layer and 30.3k with this one (48.3k without synchronised BatchNorm).
 
 The result is the BatchNorm of the whole global batch, as with `nn.SyncBatchNorm`: the same
 normalisation, gradients and running statistics. On CUDA it uses the fused kernels torch's own
 SyncBatchNorm uses; on the CPU (DDP over gloo) the same arithmetic in plain tensor operations,
-so the synchronisation itself is testable without a GPU.
+so it also runs, and is tested, without a GPU.
 """
 
 import torch
