@@ -193,9 +193,7 @@ class _GlobalBatchNorm(torch.autograd.Function):
         # (2C + 1,) -> (W, 2C + 1): every rank's mean, inverse standard deviation and count.
         local = torch.cat([mean.float(), invstd.float(), mean.new_full((1,), float(count))])
         means, invstds, counts = _all_gather(local, group).split([channels, channels, 1], dim=1)
-        # Merging runs through the ranks keeping a running count and divides by it, 0/0 if the
-        # first ranks were empty: a count of 1e-30 weighs an empty rank out just as well.
-        counts = counts.flatten().clamp_min(1e-30)
+        counts = counts.flatten()
         mean, invstd = kernels.merge_stats(
             input, means, invstds, counts, running_mean, running_var, momentum, eps
         )
@@ -205,7 +203,7 @@ class _GlobalBatchNorm(torch.autograd.Function):
             weight,  # type: ignore[arg-type]  # None is saved as None
             mean,
             invstd,
-            counts.to(torch.int32),  # 1e-30 -> 0
+            counts.to(torch.int32),
         )
         ctx.group = group  # type: ignore[attr-defined]
         if count == 0:
@@ -286,6 +284,9 @@ class _CUDA:
         # One kernel: the global mean and inverse std, and the running statistics updated.
         if running_mean is not None:
             counts = counts.to(running_mean.dtype)
+        # The kernel merges rank after rank, dividing by the count so far: 0/0 if the first ranks
+        # had empty batches. A tiny count weighs such a rank out just as well as 0 does.
+        counts = counts.clamp_min(max(1e-30, torch.finfo(counts.dtype).tiny))
         mean, invstd = torch.batch_norm_gather_stats_with_counts(
             input, means, invstds, running_mean, running_var, momentum, eps, counts
         )
