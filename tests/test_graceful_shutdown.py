@@ -203,6 +203,24 @@ def test_a_signal_during_the_last_validation_still_saves_and_exits(tmp_path: Pat
     assert fit_until_signalled(tmp_path, signal_at, max_epochs=1) == 8
 
 
+class SignalledWhileLoadingData(Regression):
+    """Sends SIGTERM to this process from `train_dataloader`, which Lightning calls after its own
+    handlers are in and, without a sanity check, before GracefulShutdown installs its own."""
+
+    def train_dataloader(self) -> DataLoader:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return eight_batches()
+
+
+def test_a_sigterm_caught_by_lightning_before_the_fit_is_taken_over(tmp_path: Path) -> None:
+    # Lightning would stop this process alone with its own exception, saving nothing.
+    trainer = quiet_trainer([GracefulShutdown(tmp_path)], max_epochs=1, num_sanity_val_steps=0)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        trainer.fit(SignalledWhileLoadingData())
+    assert stopped.value.code == 143
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 1
+
+
 def start_volt(args: list[str], outputs: Path) -> subprocess.Popen[bytes]:
     """`python train.py ...` as run_volt starts it, but left running so it can be signalled.
     Its output goes to `outputs/console.txt`: a pipe nobody reads could fill and stall it."""
@@ -247,6 +265,15 @@ def test_volt_saves_and_exits_143_on_sigterm(
     assert saved["volt_config"]["trainer"]["max_epochs"] == 1000
 
 
+def command_lines() -> Iterator[tuple[int, bytes]]:
+    """(pid, command line) of this machine's processes; those that end meanwhile are skipped."""
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            yield int(path.parent.name), path.read_bytes()
+        except OSError:
+            continue
+
+
 def test_a_signal_to_another_ddp_rank_stops_every_rank_and_saves(
     fast: list[str], tmp_path: Path
 ) -> None:
@@ -256,10 +283,9 @@ def test_a_signal_to_another_ddp_rank_stops_every_rank_and_saves(
     last = wait_for("train/runs/*/checkpoints/last.ckpt", outputs, process)
     before = torch.load(last, weights_only=True)["global_step"]
     (rank1,) = [
-        int(cmdline.parent.name)
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline")
-        if b"volt.strategies.rank_entry" in cmdline.read_bytes()
-        and str(outputs).encode() in cmdline.read_bytes()
+        pid
+        for pid, cmdline in command_lines()
+        if b"volt.strategies.rank_entry" in cmdline and str(outputs).encode() in cmdline
     ]
     os.kill(rank1, signal.SIGTERM)  # rank 0 learns of it through the queued all-reduce
     process.wait(timeout=120)

@@ -2,22 +2,33 @@
 
 Two real ranks (gloo on the CPU, NCCL on two GPUs) each normalise their slice of one global batch;
 outputs, input gradients, summed weight gradients and running statistics must match a single
-`nn.BatchNorm` that saw the whole batch, for uneven slices and for a rank with an empty slice.
+`nn.BatchNorm` that saw the whole batch, for uneven slices and for a rank with an empty slice,
+in float32, float64, bfloat16 inputs to a float32 layer (autocast) and a float16 layer.
 """
 
+import copy
+import datetime
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from lightning.pytorch.plugins import LayerSync
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from volt.nets.resnet import ResNet
-from volt.strategies.sync_batchnorm import SyncBatchNorm, SyncBatchNormLayers, convert_batchnorm
+from volt.strategies.ddp import DDPStrategy
+from volt.strategies.sync_batchnorm import (
+    BatchNormNd,
+    SyncBatchNorm,
+    SyncBatchNormLayers,
+    convert_batchnorm,
+)
 
 WORLD_SIZE = 2
 CHANNELS = 4
@@ -31,12 +42,17 @@ class Case:
     affine: bool = True
     channels_last: bool = False
     spatial: tuple[int, ...] = (3, 5)  # () for BatchNorm1d on (N, C)
+    track_running_stats: bool = True
+    input_dtype: torch.dtype = torch.float32
+    layer_dtype: torch.dtype = torch.float32
+    atol: float = 1e-4  # and rtol
 
     def batch(self, step: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(step)
         shape = (sum(self.slices), CHANNELS, *self.spatial)
         # An offset mean makes a merge that subtracts large squares visibly wrong.
-        return torch.randn(shape, generator=generator, dtype=torch.float64) * 3 + 5
+        batch = torch.randn(shape, generator=generator, dtype=torch.float64) * 3 + 5
+        return batch.to(self.input_dtype).double()  # the values the ranks see
 
     def output_weights(self, step: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(100 + step)
@@ -44,7 +60,12 @@ class Case:
 
     def batchnorm(self) -> nn.Module:
         kind = nn.BatchNorm1d if not self.spatial else nn.BatchNorm2d
-        return kind(CHANNELS, momentum=self.momentum, affine=self.affine)
+        return kind(
+            CHANNELS,
+            momentum=self.momentum,
+            affine=self.affine,
+            track_running_stats=self.track_running_stats,
+        )
 
 
 CASES = [
@@ -53,6 +74,11 @@ CASES = [
     Case(slices=(4, 4), momentum=None, affine=False),
     Case(slices=(6, 2), channels_last=True),
     Case(slices=(3, 5), spatial=()),
+    # CUDA's kernels round bfloat16 inputs' sums to bfloat16: 0.06 apart at 11
+    Case(slices=(5, 3), track_running_stats=False, input_dtype=torch.bfloat16, atol=1e-1),
+    Case(slices=(5, 3), input_dtype=torch.float16, layer_dtype=torch.float16, atol=2e-2),
+    # float32 arithmetic would be off by about 1e-6
+    Case(slices=(0, 6), input_dtype=torch.float64, layer_dtype=torch.float64, atol=1e-10),
 ]
 
 
@@ -70,22 +96,31 @@ def run_ranks(rank: int, port: int, backend: str, out_dir: Path) -> None:
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    layers = SyncBatchNormLayers()
+    group = layers.apply(nn.BatchNorm1d(1)).process_group
+    assert group is not None
     results = []
-    for case in CASES:
-        layer = convert_batchnorm(case.batchnorm()).to(device)
-        assert type(layer) is SyncBatchNorm
-        layer.train()
+    for index, case in enumerate(CASES):
+        layer = layers.apply(case.batchnorm())
+        assert type(layer) is SyncBatchNorm and layer.process_group is group  # made once
+        if index % 2:
+            # A copy syncs over the default group: a process group cannot be pickled.
+            layer = copy.deepcopy(layer)
+            assert layer.process_group is None
+        layer = layer.to(device, case.layer_dtype).train()
         start = sum(case.slices[:rank])
         rows = slice(start, start + case.slices[rank])
         steps = []
         for step in range(STEPS):
-            # float32 on the ranks, as in training; the reference runs in float64
-            x = case.batch(step)[rows].float().to(device).requires_grad_()
+            # Lower precision on the ranks, as in training; the reference runs in float64.
+            x = case.batch(step)[rows].to(device, case.input_dtype).requires_grad_()
             if case.channels_last:
                 x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
             layer.zero_grad()
             out = layer(x)
-            (out * case.output_weights(step)[rows].float().to(device)).sum().backward()
+            assert out.dtype == case.input_dtype
+            weights = case.output_weights(step)[rows].to(device)
+            (out * weights.to(torch.promote_types(out.dtype, torch.float32))).sum().backward()
             steps.append(
                 {
                     "out": out.detach().cpu(),
@@ -120,7 +155,7 @@ def reference(case: Case) -> dict:
     return {"steps": steps, "buffers": dict(layer.named_buffers())}
 
 
-def check_against_reference(out_dir: Path, atol: float) -> None:
+def check_against_reference(out_dir: Path) -> None:
     ranks = [torch.load(out_dir / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     for index, case in enumerate(CASES):
         expected = reference(case)
@@ -129,34 +164,33 @@ def check_against_reference(out_dir: Path, atol: float) -> None:
             want = expected["steps"][step]
             for key in ("out", "grad_input"):
                 joined = torch.cat([g[key] for g in got]).double()
-                torch.testing.assert_close(
-                    joined, want[key], atol=atol, rtol=atol, msg=f"{case} {key}"
-                )
+                assert_close(joined, want[key], case, f"step {step} {key}")
             # Each rank holds the gradient of its own slice; DDP sums (then averages) them.
             for position, grad in enumerate(want["grads"]):
                 summed = sum(g["grads"][position].double() for g in got)
-                torch.testing.assert_close(summed, grad, atol=atol, rtol=atol, msg=f"{case} grads")
+                assert_close(summed, grad, case, f"step {step} parameter {position} grad")
         for rank in range(WORLD_SIZE):
             for name, value in expected["buffers"].items():
-                torch.testing.assert_close(
-                    ranks[rank][index]["buffers"][name].to(value.dtype),
-                    value,
-                    atol=atol,
-                    rtol=atol,
-                    msg=f"{case} rank {rank} {name}",
-                )
+                got_buffer = ranks[rank][index]["buffers"][name].to(value.dtype)
+                assert_close(got_buffer, value, case, f"rank {rank} {name}")
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, case: Case, what: str) -> None:
+    torch.testing.assert_close(
+        got, want, atol=case.atol, rtol=case.atol, msg=lambda message: f"{case} {what}\n{message}"
+    )
 
 
 def test_two_cpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
     mp.spawn(run_ranks, args=(free_port(), "gloo", tmp_path), nprocs=WORLD_SIZE)
-    check_against_reference(tmp_path, atol=1e-4)
+    check_against_reference(tmp_path)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
     mp.spawn(run_ranks, args=(free_port(), "nccl", tmp_path), nprocs=WORLD_SIZE)
-    check_against_reference(tmp_path, atol=1e-4)
+    check_against_reference(tmp_path)
 
 
 def test_without_a_process_group_it_is_plain_batchnorm() -> None:
@@ -176,16 +210,44 @@ def test_conversion_shares_tensors_and_reverts_to_the_same_classes_and_state_dic
     net = small_resnet()
     classes = [type(m) for m in net.modules()]
     before = {name: value.clone() for name, value in net.state_dict().items()}
+    originals = [m for m in net.modules() if isinstance(m, _BatchNorm)]
     layers = SyncBatchNormLayers()
     converted = layers.apply(net)
     batchnorms = [m for m in converted.modules() if isinstance(m, _BatchNorm)]
     assert batchnorms and all(type(m) is SyncBatchNorm for m in batchnorms)
-    # torch's converted layers are replaced too
+    for original, layer in zip(originals, batchnorms, strict=True):
+        assert layer.weight is original.weight and layer.running_var is original.running_var
+    # torch's converted layers are replaced too, and revert to BatchNorm of any dimensions
     again = convert_batchnorm(nn.SyncBatchNorm.convert_sync_batchnorm(small_resnet()))
     assert not any(isinstance(m, nn.SyncBatchNorm) for m in again.modules())
+    assert {type(m) for m in layers.revert(again).modules() if isinstance(m, _BatchNorm)} == {
+        BatchNormNd
+    }
     reverted = layers.revert(converted)
     assert [type(m) for m in reverted.modules()] == classes
     after = reverted.state_dict()
     assert after.keys() == before.keys()
     for name, value in before.items():
         torch.testing.assert_close(after[name], value)
+
+
+class KeepModel(LayerSync):
+    def apply(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def revert(self, model: nn.Module) -> nn.Module:
+        return model
+
+
+@pytest.mark.parametrize(
+    ("trainer_args", "expected"),
+    [({"sync_batchnorm": True}, SyncBatchNormLayers), ({"plugins": [KeepModel()]}, KeepModel)],
+)
+def test_ddp_uses_volts_layers_for_sync_batchnorm_and_leaves_other_plugins(
+    tmp_path: Path, trainer_args: dict, expected: type
+) -> None:
+    strategy = DDPStrategy(tmp_path / "config.yaml", timeout=datetime.timedelta(seconds=42))
+    pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, **trainer_args)
+    assert type(strategy._layer_sync) is expected
+    if expected is SyncBatchNormLayers:
+        assert strategy._layer_sync.timeout == datetime.timedelta(seconds=42)

@@ -58,7 +58,8 @@ class GracefulShutdown(Callback):
     without saving. Handlers are installed for the fit (from the sanity check on, replacing
     Lightning's SIGTERM handler, whose early exit would skip the checkpoint) and restored when
     training ends. Meanwhile Lightning's own per-step check for that handler's flag (a broadcast
-    read back on the host: one host sync per step) is switched off: the flag can no longer be set.
+    read back on the host: one host sync per step) is switched off: the flag can no longer be set,
+    and a SIGTERM that Lightning's handler took before the fit is taken over.
     """
 
     def __init__(self, checkpoint_dir: str | Path) -> None:
@@ -75,6 +76,13 @@ class GracefulShutdown(Callback):
         self._install()  # again, for fits without a sanity check; installs once per fit
         self._steps_done = trainer.global_step
         self._pending = None
+        if not self._previous_handlers:
+            return  # not installed: Lightning's handler and its check stay in charge
+        if trainer.received_sigterm:
+            # Lightning's handler took a SIGTERM before ours was installed. Its flag would stop
+            # this rank alone at the next batch; take it over so every rank stops together.
+            self._signum = self._signum or signal.SIGTERM
+            trainer._signal_connector.received_sigterm = False
         _skip_lightning_sigterm_check(trainer, skip=True)
 
     def on_train_batch_end(

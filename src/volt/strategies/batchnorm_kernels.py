@@ -26,15 +26,26 @@ class CUDAKernels:
         momentum: float,
         eps: float,
     ) -> tuple[Tensor, Tensor]:
-        # One kernel: the global mean and inverse std, and the running statistics updated.
-        if running_mean is not None:
-            counts = counts.to(running_mean.dtype)
+        # One kernel: the global mean and inverse std, and the running statistics updated. It
+        # works in the dtype of the running statistics, or of its first argument without them,
+        # and reads the counts in that dtype: merge in the gathered statistics' dtype (float32,
+        # float64 for float64 inputs), where counts are exact and cannot overflow as in float16.
+        dtype = means.dtype
+        counts = counts.to(dtype)
         # The kernel merges rank after rank, dividing by the count so far: 0/0 if the first ranks
         # had empty batches. A tiny count weighs such a rank out just as well as 0 does.
-        counts = counts.clamp_min(max(1e-30, torch.finfo(counts.dtype).tiny))
+        counts = counts.clamp_min(1e-30)
+        merge_mean, merge_var = running_mean, running_var
+        if running_mean is not None and running_var is not None and running_mean.dtype != dtype:
+            merge_mean, merge_var = running_mean.to(dtype), running_var.to(dtype)
         mean, invstd = torch.batch_norm_gather_stats_with_counts(
-            input, means, invstds, running_mean, running_var, momentum, eps, counts
+            means, means, invstds, merge_mean, merge_var, momentum, eps, counts
         )
+        if merge_mean is not running_mean:
+            assert running_mean is not None and running_var is not None
+            assert merge_mean is not None and merge_var is not None
+            running_mean.copy_(merge_mean)
+            running_var.copy_(merge_var)
         return mean, invstd
 
     @staticmethod
@@ -83,11 +94,12 @@ class CUDAKernels:
 
 
 class CPUKernels:
-    """The same arithmetic as `CUDAKernels` in plain operations, in float32 (gloo DDP, tests)."""
+    """The same arithmetic as `CUDAKernels` in plain operations (gloo DDP, tests), in float32, or
+    float64 for float64 inputs, as the CUDA kernels."""
 
     @staticmethod
     def stats(input: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        var, mean = torch.var_mean(input.float(), dim=_reduced_dims(input), correction=0)
+        var, mean = torch.var_mean(_wide(input), dim=_reduced_dims(input), correction=0)
         return mean, torch.rsqrt(var + eps)
 
     @staticmethod
@@ -123,9 +135,9 @@ class CPUKernels:
         invstd: Tensor,
         eps: float,
     ) -> Tensor:
-        scale = invstd if weight is None else invstd * weight.float()
-        shift = -mean * scale if bias is None else bias.float() - mean * scale
-        output = input.float() * _per_channel(scale, input) + _per_channel(shift, input)
+        scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
+        shift = -mean * scale if bias is None else bias.to(mean.dtype) - mean * scale
+        output = _wide(input) * _per_channel(scale, input) + _per_channel(shift, input)
         return output.to(input.dtype)
 
     @staticmethod
@@ -140,8 +152,8 @@ class CPUKernels:
         needs_bias: bool,
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         dims = _reduced_dims(input)
-        grad = grad_output.float()
-        centred = input.float() - _per_channel(mean, input)
+        grad = _wide(grad_output)
+        centred = _wide(input) - _per_channel(mean, input)
         sum_dy = grad.sum(dims)
         sum_dy_xmu = (grad * centred).sum(dims)
         grad_weight = (sum_dy_xmu * invstd) if needs_weight else None
@@ -164,15 +176,20 @@ class CPUKernels:
     ) -> Tensor:
         # d input = w invstd (dy - mean(dy) - (x - mean) invstd^2 mean(dy (x - mean))),
         # the means taken over the global batch of sum(counts) values per channel.
-        total = counts.sum().float()
-        scale = invstd if weight is None else invstd * weight.float()
-        centred = input.float() - _per_channel(mean, input)
+        total = counts.sum().to(mean.dtype)
+        scale = invstd if weight is None else invstd * weight.to(invstd.dtype)
+        centred = _wide(input) - _per_channel(mean, input)
         grad = (
-            grad_output.float()
+            _wide(grad_output)
             - _per_channel(sum_dy / total, input)
             - centred * _per_channel(invstd**2 * sum_dy_xmu / total, input)
         )
         return (grad * _per_channel(scale, input)).to(input.dtype)
+
+
+def _wide(tensor: Tensor) -> Tensor:
+    # The dtype the statistics are computed in: float32, or float64 for float64 tensors.
+    return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
 def _per_channel(tensor: Tensor, input: Tensor) -> Tensor:

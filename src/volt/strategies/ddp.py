@@ -41,6 +41,7 @@ import torch
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info
@@ -108,9 +109,10 @@ class DDPStrategy(LightningDDPStrategy):
         # Lightning calls this once, when the Trainer has given the strategy its devices.
         assert self.cluster_environment is not None
         self._announce_cpu()
-        if self._layer_sync is not None:
-            # Set by the Trainer for sync_batchnorm=True just before this call.
-            self._layer_sync = SyncBatchNormLayers()
+        if isinstance(self._layer_sync, TorchSyncBatchNorm):
+            # Set by the Trainer for sync_batchnorm=True just before this call. A LayerSync
+            # plugin of the user's own is left alone.
+            self._layer_sync = SyncBatchNormLayers(timeout=self._timeout)
         self._launcher = _RunConfigLauncher(
             self.cluster_environment, self.num_processes, self.num_nodes, self.rank_config
         )

@@ -9,10 +9,15 @@ nothing, so nothing needs to leave the GPU; at 256 per GPU the same loop ran at 
 torch's layer and 30.3k with this one (48.3k without synchronised BatchNorm).
 
 The result is the BatchNorm of the whole global batch, as with `nn.SyncBatchNorm`: the same
-normalisation, gradients and running statistics. On CUDA it uses the fused kernels torch's own
-SyncBatchNorm uses; on the CPU (DDP over gloo) the same arithmetic in plain tensor operations,
-so it also runs, and is tested, without a GPU.
+normalisation, running statistics and input gradients. Weight and bias gradients are each rank's
+share of the global batch's, which DDP's all-reduce adds up (and averages, as for every other
+parameter). On CUDA it uses the fused kernels torch's own SyncBatchNorm uses; on the CPU (DDP
+over gloo) the same arithmetic in plain tensor operations, so it also runs, and is tested,
+without a GPU.
 """
+
+import datetime
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,12 +30,26 @@ from typing_extensions import override
 from volt.strategies.batchnorm_kernels import CPUKernels, CUDAKernels
 
 
-class SyncBatchNorm(_BatchNorm):
+class BatchNormNd(_BatchNorm):
+    """BatchNorm for inputs (N, C, ...) of any number of dimensions, what a layer of unknown
+    origin reverts to."""
+
+    @override
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(
+                f"expected an input of at least 2 dimensions (N, C, ...), got {input.dim()}"
+            )
+
+
+class SyncBatchNorm(BatchNormNd):
     """BatchNorm over the global batch whose training forward never makes the host wait.
 
     Outside training, or when no process group of more than one rank exists, it is plain BatchNorm
     over the local batch, as `nn.SyncBatchNorm` is. Build it from a model with `convert_batchnorm`.
-    It does not derive from `nn.SyncBatchNorm`: DDP refuses that class on the CPU.
+    It does not derive from `nn.SyncBatchNorm`: DDP refuses that class on the CPU. A process group
+    cannot be pickled, so a copy of the layer (`copy.deepcopy`, `pickle`) syncs over the default
+    group (`process_group=None`).
     """
 
     def __init__(
@@ -41,19 +60,17 @@ class SyncBatchNorm(_BatchNorm):
         affine: bool = True,
         track_running_stats: bool = True,
         process_group: dist.ProcessGroup | None = None,
-        reverts_to: type[_BatchNorm] = nn.BatchNorm2d,
+        reverts_to: type[_BatchNorm] | None = None,
         device: torch.device | None = None,
     ) -> None:
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device)
         self.process_group = process_group
-        self.reverts_to = reverts_to  # the class it replaced, for `revert_batchnorm`
+        self.reverts_to = reverts_to or BatchNormNd  # the class it replaced, for `revert_batchnorm`
 
-    @override
-    def _check_input_dim(self, input: Tensor) -> None:
-        if input.dim() < 2:
-            raise ValueError(
-                f"expected an input of at least 2 dimensions (N, C, ...), got {input.dim()}"
-            )
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["process_group"] = None
+        return state
 
     @override
     def forward(self, input: Tensor) -> Tensor:
@@ -90,11 +107,12 @@ def convert_batchnorm(
 ) -> nn.Module:
     """`module` with every BatchNorm layer replaced by volt's `SyncBatchNorm`, sharing its tensors.
 
-    Layers that are torch's `nn.SyncBatchNorm` are replaced too (reverting to BatchNorm2d).
+    Layers that are torch's `nn.SyncBatchNorm` are replaced too (reverting to `BatchNormNd`: which
+    BatchNorm class they came from is not recorded).
     """
     converted = module
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
-        original = nn.BatchNorm2d if isinstance(module, nn.SyncBatchNorm) else type(module)
+        original = BatchNormNd if isinstance(module, nn.SyncBatchNorm) else type(module)
         converted = SyncBatchNorm(
             module.num_features,
             module.eps,
@@ -151,18 +169,27 @@ class SyncBatchNormLayers(LayerSync):
     The layers talk over a process group of their own (all ranks): on the default group their
     collectives would queue behind DDP's gradient all-reduces, and backward would wait for those
     at every BatchNorm layer (on 2 x H200, a plain DDP loop: 27.2k samples/s on the default
-    group, 30.3k on its own). Checkpoints hold the same keys as without it: the layers keep
-    their parameters and buffers.
+    group, 30.3k on its own). The group is made once per process group and given `timeout`, as
+    the strategy's. Checkpoints hold the same keys as without it: the layers keep their parameters
+    and buffers.
     """
+
+    def __init__(self, timeout: datetime.timedelta | None = None) -> None:
+        self.timeout = timeout
+        self._group: dist.ProcessGroup | None = None
+        self._made_under: object = None  # the default group `_group` was made in
 
     @override
     def apply(self, model: nn.Module) -> nn.Module:
         # Lightning calls this on every rank after the process group is up, as new_group needs.
         if not (dist.is_available() and dist.is_initialized()):
             return convert_batchnorm(model)
-        group = dist.new_group()
-        assert isinstance(group, dist.ProcessGroup)  # every rank is a member
-        return convert_batchnorm(model, group)
+        if self._group is None or self._made_under is not dist.group.WORLD:
+            # A group lives until the process group is destroyed; a new one would get a new WORLD.
+            group = dist.new_group(timeout=self.timeout)
+            assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+            self._group, self._made_under = group, dist.group.WORLD
+        return convert_batchnorm(model, self._group)
 
     @override
     def revert(self, model: nn.Module) -> nn.Module:
@@ -186,14 +213,16 @@ class _GlobalBatchNorm(torch.autograd.Function):
         kernels = CUDAKernels if input.is_cuda else CPUKernels
         channels = input.shape[1]
         count = input.numel() // channels
+        # float32 statistics (the kernels' accumulation type), float64 for float64 inputs
+        dtype = torch.promote_types(input.dtype, torch.float32)
         if count > 0:
             mean, invstd = kernels.stats(input, eps)
         else:
             # An empty batch on this rank: any finite statistics do, its count of 0 weighs them out.
-            mean = input.new_zeros(channels, dtype=torch.float32)
+            mean = input.new_zeros(channels, dtype=dtype)
             invstd = torch.ones_like(mean)
         # (2C + 1,) -> (W, 2C + 1): every rank's mean, inverse standard deviation and count.
-        local = torch.cat([mean.float(), invstd.float(), mean.new_full((1,), float(count))])
+        local = torch.cat([mean.to(dtype), invstd.to(dtype), mean.new_full((1,), float(count))])
         means, invstds, counts = _all_gather(local, group).split([channels, channels, 1], dim=1)
         counts = counts.flatten()
         mean, invstd = kernels.merge_stats(
@@ -256,7 +285,7 @@ def _dense(tensor: Tensor) -> Tensor:
 def _all_gather(local: Tensor, group: dist.ProcessGroup) -> Tensor:
     """(K,) on each rank -> (W, K), rows in rank order."""
     world_size = dist.get_world_size(group)
-    if dist.get_backend(group) == "gloo":  # gloo has no all_gather_into_tensor
+    if not local.is_cuda:  # gloo, the CPU's backend, has no all_gather_into_tensor
         rows = [torch.empty_like(local) for _ in range(world_size)]
         dist.all_gather(rows, local, group=group)
         return torch.stack(rows)
