@@ -91,8 +91,13 @@ def test_mission_command_runs_ddp_over_two_cpu_processes(run_volt: Run, tmp_path
 
 
 def test_multirun_jobs_each_train_their_own_config_on_both_ranks(
-    run_volt: Run, tmp_path: Path
+    run_volt: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A port the user chose: every job meets on it in turn, and must find none of the last
+    # job's rendezvous there.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))
     result = run_volt(
         [
             "-m",

@@ -169,30 +169,32 @@ class SyncBatchNormLayers(LayerSync):
     The layers talk over a process group of their own (all ranks): on the default group their
     collectives would queue behind DDP's gradient all-reduces, and backward would wait for those
     at every BatchNorm layer (on 2 x H200, a plain DDP loop: 27.2k samples/s on the default
-    group, 30.3k on its own). The group is made once per process group and given `timeout`, as
-    the strategy's. Checkpoints hold the same keys as without it: the layers keep their parameters
-    and buffers.
+    group, 30.3k on its own). The group is made once per fit, with the strategy's `timeout`, and
+    let go of when the fit ends: a group kept alive keeps the run's rendezvous store alive, and
+    the next job of a sweep in the same process, given the same port (`MASTER_PORT`), would
+    rendezvous on the old one. Checkpoints hold the same keys as without it: the layers keep
+    their parameters and buffers.
     """
 
     def __init__(self, timeout: datetime.timedelta | None = None) -> None:
         self.timeout = timeout
         self._group: dist.ProcessGroup | None = None
-        self._made_under: object = None  # the default group `_group` was made in
 
     @override
     def apply(self, model: nn.Module) -> nn.Module:
         # Lightning calls this on every rank after the process group is up, as new_group needs.
         if not (dist.is_available() and dist.is_initialized()):
             return convert_batchnorm(model)
-        if self._group is None or self._made_under is not dist.group.WORLD:
-            # A group lives until the process group is destroyed; a new one would get a new WORLD.
+        if self._group is None:
             group = dist.new_group(timeout=self.timeout)
             assert isinstance(group, dist.ProcessGroup)  # every rank is a member
-            self._group, self._made_under = group, dist.group.WORLD
+            self._group = group
         return convert_batchnorm(model, self._group)
 
     @override
     def revert(self, model: nn.Module) -> nn.Module:
+        # Lightning calls this when the fit ends, also on an error.
+        self._group = None
         return revert_batchnorm(model)
 
 
