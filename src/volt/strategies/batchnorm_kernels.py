@@ -30,22 +30,21 @@ class CUDAKernels:
         # works in the dtype of the running statistics, or of its first argument without them,
         # and reads the counts in that dtype: merge in the gathered statistics' dtype (float32,
         # float64 for float64 inputs), where counts are exact and cannot overflow as in float16.
+        # The counts were gathered with the statistics, so they are in that dtype already.
         dtype = means.dtype
-        counts = counts.to(dtype)
         # The kernel merges rank after rank, dividing by the count so far: 0/0 if the first ranks
         # had empty batches. A tiny count weighs such a rank out just as well as 0 does.
         counts = counts.clamp_min(1e-30)
-        merge_mean, merge_var = running_mean, running_var
-        if running_mean is not None and running_var is not None and running_mean.dtype != dtype:
-            merge_mean, merge_var = running_mean.to(dtype), running_var.to(dtype)
+        if running_mean is None or running_var is None or running_mean.dtype == dtype:
+            return torch.batch_norm_gather_stats_with_counts(
+                means, means, invstds, running_mean, running_var, momentum, eps, counts
+            )
+        merged_mean, merged_var = running_mean.to(dtype), running_var.to(dtype)
         mean, invstd = torch.batch_norm_gather_stats_with_counts(
-            means, means, invstds, merge_mean, merge_var, momentum, eps, counts
+            means, means, invstds, merged_mean, merged_var, momentum, eps, counts
         )
-        if merge_mean is not running_mean:
-            assert running_mean is not None and running_var is not None
-            assert merge_mean is not None and merge_var is not None
-            running_mean.copy_(merge_mean)
-            running_var.copy_(merge_var)
+        running_mean.copy_(merged_mean)
+        running_var.copy_(merged_var)
         return mean, invstd
 
     @staticmethod
