@@ -27,6 +27,11 @@ class GPUMemoryMonitor(Callback):
     `<device>` is `cuda<i>` when one process drives the GPUs, and `rank<r>` under multi-process
     strategies such as DDP, because local device indices repeat from node to node.
 
+    Why not Lightning's `DeviceStatsMonitor` (Lightning 2.4-2.6.6): it logs every entry of
+    `torch.cuda.memory_stats` (over a hundred keys per device) before and after each logged batch,
+    names devices by local index, which repeats across DDP nodes, and has no peak-per-epoch reset
+    or end-of-fit table. Delete this class if Lightning's gains a compact per-rank mode.
+
     Args:
         log_every_n_steps: log every this many training batches; None follows
             `Trainer(log_every_n_steps=...)`.

@@ -12,7 +12,14 @@ log = logging.getLogger("volt")
 class EpochThroughput(Callback):
     """Training samples per second over each epoch (all processes together), logged as
     `perf/train_samples_per_s` and printed. Validation inside the epoch is not counted; the GPU
-    is synchronised only where the clock starts and stops (epoch and validation boundaries)."""
+    is synchronised only where the clock starts and stops (epoch and validation boundaries).
+
+    Why not Lightning's `ThroughputMonitor` (Lightning 2.4-2.6.6): it calls
+    `torch.cuda.synchronize()` after every training batch so that its per-step clock is right,
+    which stops the CPU from queueing the next step while the GPU works (the host sync volt's
+    step path is kept free of), and it needs a `batch_size_fn` per task. Delete this class in
+    favour of it if it gains an epoch-level mode without per-step synchronisation.
+    """
 
     def __init__(self) -> None:
         self.start = 0.0

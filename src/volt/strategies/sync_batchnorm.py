@@ -14,6 +14,14 @@ share of the global batch's, which DDP's all-reduce adds up (and averages, as fo
 parameter). On CUDA it uses the fused kernels torch's own SyncBatchNorm uses; on the CPU (DDP
 over gloo) the same arithmetic in plain tensor operations, so it also runs, and is tested,
 without a GPU.
+
+Why a replacement: torch's host wait comes from the empty-rank filter added for
+pytorch/pytorch#36530 (PR #74944, `count_all[mask]` in `torch/nn/modules/_functions.py`), seen on
+torch 2.4 to 2.14; the general host-blocking of that layer is pytorch/pytorch#36452, and the
+capture problem it causes for CUDA graphs is pytorch/pytorch#78656. Delete this module, and let
+`sync_batchnorm=true` use `nn.SyncBatchNorm` again, once torch's layer merges ranks without a
+value-dependent index (check: `torch.cuda.set_sync_debug_mode("error")` around a DDP forward
+with `nn.SyncBatchNorm` raises nothing).
 """
 
 import datetime
