@@ -1,0 +1,162 @@
+"""Training throughput of volt's byte-level GPT in a plain PyTorch loop: the reference that the
+volt task (LanguageModel + TextBytesDataModule under Lightning) is measured against.
+
+    python benchmarks/gpt_plain.py --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 \\
+        --batch-size 16 --compile
+
+The corpus (this Python's standard library sources, read as volt.data.text_bytes reads them)
+sits on the device as one uint8 tensor and every step draws its random windows there: no
+DataLoader, no host-to-device copy. AdamW (fused on CUDA) over the net's two parameter groups;
+bf16 autocast by default on CUDA. After warm-up steps (which absorb compilation) the timed steps
+run without a host sync; the result is tokens per second and, on a GPU in PEAK_TFLOPS, the model
+FLOPs utilisation (MFU): the net's training FLOPs per token times tokens per second over the
+device's peak. The last line printed is the result as JSON.
+"""
+
+import argparse
+import json
+import time
+
+import torch
+from torch import Tensor
+
+from volt.data.text_bytes import read_corpus, stdlib_sources
+from volt.nets.gpt import GPT
+
+# Dense peak TFLOP/s from NVIDIA's datasheets (tf32: fp32 matmuls on tensor cores; fp32: without
+# them). The first name contained in the device's name wins, so "H100 PCIe" comes before "H100".
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 PCIe": {"bf16": 756.0, "tf32": 378.0, "fp32": 51.2},
+    "H100": {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0},  # SXM
+    "H200": {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
+}
+
+
+def peak_tflops(device: torch.device, precision: str) -> float | None:
+    if device.type != "cuda":
+        return None  # no MFU on the CPU: its peak depends on cores, clocks and vector units
+    name = torch.cuda.get_device_name(device)
+    return next((peaks[precision] for key, peaks in PEAK_TFLOPS.items() if key in name), None)
+
+
+def draw_batch(corpus: Tensor, batch_size: int, block_size: int) -> tuple[Tensor, Tensor]:
+    """Random windows of the on-device corpus: inputs and targets, int64 (B, T)."""
+    starts = torch.randint(len(corpus) - block_size, (batch_size, 1), device=corpus.device)
+    offsets = torch.arange(block_size + 1, device=corpus.device)
+    window = corpus[starts + offsets].long()  # (B, T + 1)
+    return window[:, :-1], window[:, 1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--n-layer", type=int, default=6)
+    parser.add_argument("--n-head", type=int, default=6)
+    parser.add_argument("--n-embd", type=int, default=384)
+    parser.add_argument("--block-size", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--steps", type=int, default=50, help="timed steps")
+    parser.add_argument("--warmup-steps", type=int, default=10, help="untimed steps before")
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--weight-decay", type=float, default=0.1)
+    parser.add_argument("--grad-clip", type=float, default=0.0, help="max grad norm; 0: off")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the net")
+    default_device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--device", default=default_device)
+    parser.add_argument(
+        "--precision",
+        choices=["bf16", "tf32", "fp32"],
+        help="bf16: autocast; tf32/fp32: float32 matmuls with/without tensor cores "
+        "(default: bf16 on CUDA, fp32 on the CPU)",
+    )
+    parser.add_argument("--max-bytes", type=int, help="use only this much of the corpus")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: time at least one step, e.g. --steps 50")
+
+    device = torch.device(args.device)
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    torch.manual_seed(args.seed)
+    corpus_bytes = read_corpus(stdlib_sources(), args.max_bytes)
+    corpus = torch.frombuffer(bytearray(corpus_bytes), dtype=torch.uint8).to(device)
+
+    net = GPT(
+        block_size=args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        dropout=args.dropout,
+    ).to(device)
+    if args.compile:
+        net.compile()
+    optimizer = torch.optim.AdamW(
+        net.param_groups(args.weight_decay),
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda",
+    )
+
+    def step() -> Tensor:
+        x, y = draw_batch(corpus, args.batch_size, args.block_size)
+        # The loss inside autocast too, as under Lightning's bf16-mixed (autocast runs
+        # cross-entropy in float32).
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = net(x)  # (B, T, V)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    warmup = [step() for _ in range(max(1, args.warmup_steps))]
+    first_loss = warmup[0].item()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        loss = step()
+    synchronize()
+    seconds = time.perf_counter() - start
+
+    tokens_per_s = args.steps * args.batch_size * args.block_size / seconds
+    peak = peak_tflops(device, precision)
+    mfu = net.flops_per_token() * tokens_per_s / (peak * 1e12) if peak else None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result = {
+        "device": name,
+        "precision": precision,
+        "compile": args.compile,
+        "params": net.num_params(),
+        "batch_size": args.batch_size,
+        "block_size": args.block_size,
+        "ms_per_step": 1000 * seconds / args.steps,
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu,
+        "peak_tflops": peak,
+        "loss_first": first_loss,
+        "loss_last": loss.item(),
+        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30
+        if device.type == "cuda"
+        else None,
+    }
+    mfu_text = f"MFU {100 * mfu:.1f}% of {peak:.0f} TFLOP/s" if mfu is not None else "MFU n/a"
+    print(
+        f"{name}, {precision}{', compiled' if args.compile else ''}: {net.num_params() / 1e6:.2f}M "
+        f"params, {result['ms_per_step']:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, {mfu_text}; "
+        f"loss {first_loss:.3f} -> {result['loss_last']:.3f}"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from volt.config import PROJECT_ROOT
+
+TINY = "--n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 --lr 3e-3"
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and Lightning: ~20 s on 2 cores
+def test_runs_on_the_cpu_with_tiny_sizes_and_reports_tokens_per_second() -> None:
+    steps = "--steps 20 --warmup-steps 2 --max-bytes 100000 --device cpu"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpt_plain.py", *TINY.split(), *steps.split()],
+        cwd=PROJECT_ROOT,
+        # One thread: on a loaded 2-core machine a second one spins waiting for a core.
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["device"] == "cpu" and report["precision"] == "fp32"
+    assert report["tokens_per_s"] > 0 and report["ms_per_step"] > 0
+    assert report["mfu"] is None  # no peak for a CPU
+    assert report["loss_last"] < report["loss_first"]  # it trains, on real bytes
+    assert "tokens/s" in result.stdout and "MFU n/a" in result.stdout

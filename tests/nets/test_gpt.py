@@ -1,0 +1,140 @@
+from dataclasses import asdict
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from volt.nets.gpt import GPT, GPTConfig
+
+V, BLOCK, LAYERS, WIDTH = 256, 16, 2, 32
+
+
+def small_gpt(seed: int = 0, **changes: object) -> GPT:
+    torch.manual_seed(seed)
+    kwargs: dict[str, object] = dict(block_size=BLOCK, n_layer=LAYERS, n_head=4, n_embd=WIDTH)
+    return GPT(**{**kwargs, **changes})  # type: ignore[arg-type]
+
+
+def tokens(batch: int, length: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(V, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_forward_gives_next_token_logits_at_every_position() -> None:
+    net = small_gpt()
+    assert net(tokens(3, 10)).shape == (3, 10, V)
+    assert net(tokens(2, BLOCK)).shape == (2, BLOCK, V)
+    with pytest.raises(ValueError, match=f"longer than block_size={BLOCK}"):
+        net(tokens(1, BLOCK + 1))
+
+
+def test_builds_from_keyword_arguments_and_from_a_config() -> None:
+    config = GPTConfig(block_size=8, n_layer=1, n_head=2, n_embd=16, dropout=0.1, bias=True)
+    net = GPT(**asdict(config))
+    assert net.config == config
+    assert net.blocks[0].attn.qkv.bias is not None  # bias=True reached the layers
+
+
+def test_rejects_a_width_that_does_not_split_into_heads() -> None:
+    with pytest.raises(ValueError, match=r"n_embd=30 does not split into n_head=4.*n_head=3"):
+        GPT(n_embd=30, n_head=4)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.2])
+def test_a_future_token_does_not_change_earlier_logits(dropout: float) -> None:
+    net = small_gpt(dropout=dropout).eval()
+    idx = tokens(2, BLOCK)
+    changed = idx.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % V
+    before, after = net(idx), net(changed)
+    torch.testing.assert_close(after[:, :9], before[:, :9], rtol=0, atol=1e-6)
+    assert not torch.allclose(after[:, 9:], before[:, 9:])  # the change is seen from there on
+
+
+def test_lm_head_shares_the_token_embedding() -> None:
+    net = small_gpt()
+    assert net.lm_head.weight is net.tok_emb.weight
+    # One shared table: a step through the head moves the embedding the model reads with.
+    before = net.tok_emb.weight.detach().clone()
+    loss = nn.functional.cross_entropy(
+        net(tokens(2, 8)).flatten(0, 1), tokens(2, 8, seed=2).flatten()
+    )
+    loss.backward()
+    torch.optim.SGD(net.parameters(), lr=1.0).step()
+    assert not torch.equal(net.tok_emb.weight, before)
+    assert net.lm_head.weight is net.tok_emb.weight
+
+
+def test_parameter_count_holds_the_shared_table_once() -> None:
+    net = small_gpt()
+    d = WIDTH
+    # per block: qkv 3d^2 + proj d^2 + fc 4d^2 + proj 4d^2, and two LayerNorm gains (no biases)
+    blocks = LAYERS * (12 * d * d + 2 * d)
+    expected = V * d + BLOCK * d + blocks + d  # token table, position table, blocks, final norm
+    assert net.num_params(non_embedding=False) == expected
+    assert net.num_params() == expected - BLOCK * d
+
+
+def test_residual_projections_start_smaller_with_depth() -> None:
+    net = GPT(block_size=8, n_layer=8, n_head=4, n_embd=256)
+    block = net.blocks[3]
+    assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    for projection in (block.attn.proj, block.mlp.proj):
+        assert projection.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)  # sqrt(2*8)
+
+
+def test_flops_per_token_matches_a_count_of_the_real_training_step() -> None:
+    net = small_gpt()
+    assert net.flops_per_token() == 6 * net.num_params() + 12 * LAYERS * WIDTH * BLOCK
+    idx = tokens(4, BLOCK)
+    # The math kernel: its matrix products are counted like the rest (fused CPU kernels are not).
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        net(idx).sum().backward()
+    measured = counter.get_total_flops() / idx.numel()
+    # The count sees matrix products only: LayerNorm gains (2d per block, d at the end) are
+    # parameters without a matmul, so the formula may exceed it by 6 FLOPs for each of them.
+    norm_gains = (2 * LAYERS + 1) * WIDTH
+    assert net.flops_per_token() - 6 * norm_gains == pytest.approx(measured, rel=1e-6)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_param_groups_hold_every_parameter_once_and_decay_only_matrices(bias: bool) -> None:
+    net = small_gpt(bias=bias)
+    decay, no_decay = net.param_groups(weight_decay=0.1)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    grouped = [id(p) for group in (decay, no_decay) for p in group["params"]]
+    assert len(grouped) == len(set(grouped))
+    assert set(grouped) == {id(p) for p in net.parameters()}
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert any(p is net.tok_emb.weight for p in decay["params"])
+    assert any(p is net.ln_f.weight for p in no_decay["params"])
+    torch.optim.AdamW(net.param_groups(0.1))  # refuses a parameter found in two groups
+
+
+def test_generate_appends_tokens_and_crops_a_long_context() -> None:
+    net = small_gpt().eval()
+    prompt = tokens(2, 5)
+    out = net.generate(prompt, max_new_tokens=20)
+    assert out.shape == (2, 25)
+    assert torch.equal(out[:, :5], prompt)
+    assert out.dtype == torch.int64 and out.min() >= 0 and out.max() < V
+    assert net.generate(tokens(2, 3 * BLOCK), max_new_tokens=4).shape == (2, 3 * BLOCK + 4)
+
+
+def test_generate_with_top_k_1_is_greedy_on_the_last_block() -> None:
+    net = small_gpt().eval()
+    idx = tokens(2, BLOCK + 3)
+    out = net.generate(idx, max_new_tokens=5, top_k=1)
+    for _ in range(5):
+        next_token = net(idx[:, -BLOCK:])[:, -1].argmax(-1, keepdim=True)
+        idx = torch.cat((idx, next_token), dim=1)
+    assert torch.equal(out, idx)
+
+
+def test_gradients_reach_every_parameter() -> None:
+    net = small_gpt(bias=True, dropout=0.1)
+    loss = nn.functional.cross_entropy(net(tokens(2, 8)).flatten(0, 1), tokens(2, 8, 2).flatten())
+    loss.backward()
+    for name, parameter in net.named_parameters():
+        assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
