@@ -1,5 +1,8 @@
 """Shared fixtures: compose volt's real configs the way `python train.py` does, into a temp dir."""
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,6 +15,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from volt.config import CONF_DIR, PROJECT_ROOT
+
+# Each `gpu` test's limit unless it sets its own (one H100: the slowest, compile=max-autotune, took
+# 30 s; all of them 2 min). It is above run_volt's own timeout, so that a test running volt in a
+# subprocess stops that first: the test fails with the run's output, every process of the run
+# goes, the session goes on. In-process tests end at this limit, pytest with them (thread method).
+GPU_TEST_TIMEOUT_S = 300
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("timeout"):
+        return  # pytest-timeout (the dev extra) not installed: no limits to set
+    for item in items:
+        if item.get_closest_marker("gpu") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(GPU_TEST_TIMEOUT_S))
 
 
 @pytest.fixture
@@ -55,12 +72,23 @@ def run_volt(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
         args: list[str], module: str | None = None, timeout: float = 240
     ) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", module] if module else [sys.executable, "train.py"]
-        return subprocess.run(
-            [*command, *args, f"paths.outputs_dir={tmp_path / 'outputs'}"],
+        command += [*args, f"paths.outputs_dir={tmp_path / 'outputs'}"]
+        # In a session of its own, so that a timeout (or Ctrl+C) ends every process of the run,
+        # the DDP ranks it started too, and not only the one started here.
+        with subprocess.Popen(
+            command,
             cwd=PROJECT_ROOT,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
-        )
+            start_new_session=True,
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(timeout=timeout)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):  # all gone already
+                    os.killpg(process.pid, signal.SIGKILL)
+                raise
+        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
     return _run

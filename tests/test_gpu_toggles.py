@@ -22,6 +22,12 @@ def short(fast: list[str], *extra: str) -> list[str]:
     return [*fast, "trainer.max_epochs=1", "logger=csv", *extra]
 
 
+def on_one_gpu(fast: list[str], *extra: str) -> list[str]:
+    # trainer=gpu picks one device; named here too, so that no config change can make these
+    # tests spread over every GPU of a bigger machine.
+    return short(fast, "trainer=gpu", "trainer.devices=1", *extra)
+
+
 def test_profiler_writes_a_trace(compose_config: Compose, fast: list[str]) -> None:
     cfg = compose_config("train", short(fast, "debug=profiler", "test=false"))
     train(cfg)
@@ -82,9 +88,7 @@ def test_every_precision_trains_on_gpu(
         pytest.skip("GPU without bf16")
     # Pure fp16 has no 1e-8: Adam's default eps rounds to 0 and the update divides by zero.
     eps = ["model.optimizer.eps=1e-4"] if precision == "16-true" else []
-    cfg = compose_config(
-        "train", [*short(fast, "trainer=gpu", f"precision={precision}", "model=cnn"), *eps]
-    )
+    cfg = compose_config("train", [*on_one_gpu(fast, f"precision={precision}", "model=cnn"), *eps])
     metrics = train(cfg)
     assert all(v == v for v in metrics.values())  # no NaN
     # Pure fp16 keeps no fp32 master weights: small updates round away and it learns slowly
@@ -99,7 +103,7 @@ def test_every_compile_mode_trains_on_gpu(
     mode: str, compose_config: Compose, fast: list[str]
 ) -> None:
     cfg = compose_config(
-        "train", short(fast, "trainer=gpu", "precision=bf16-mixed", "model=cnn", f"compile={mode}")
+        "train", on_one_gpu(fast, "precision=bf16-mixed", "model=cnn", f"compile={mode}")
     )
     metrics = train(cfg)
     assert metrics["test/acc"] > 0.5
@@ -110,14 +114,14 @@ def test_every_compile_mode_trains_on_gpu(
 def test_compiled_checkpoint_round_trip_on_gpu(compose_config: Compose, fast: list[str]) -> None:
     _compiled_round_trip(
         compose_config,
-        short(fast, "trainer=gpu", "precision=bf16-mixed", "compile=reduce-overhead"),
+        on_one_gpu(fast, "precision=bf16-mixed", "compile=reduce-overhead"),
     )
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_profiler_trace_has_cuda_kernels(compose_config: Compose, fast: list[str]) -> None:
-    cfg = compose_config("train", short(fast, "trainer=gpu", "debug=profiler", "test=false"))
+    cfg = compose_config("train", on_one_gpu(fast, "debug=profiler", "test=false"))
     train(cfg)
     traces = list((Path(cfg.paths.output_dir) / "tensorboard" / "profiler").glob("*.pt.trace.json"))
     events = json.loads(traces[0].read_text())["traceEvents"]
@@ -130,9 +134,7 @@ def test_channels_last_and_memory_metrics_on_gpu(compose_config: Compose, fast: 
     cfg = compose_config(
         "train",
         [
-            *short(
-                fast, "trainer=gpu", "precision=bf16-mixed", "model=cnn", "model.channels_last=true"
-            ),
+            *on_one_gpu(fast, "precision=bf16-mixed", "model=cnn", "model.channels_last=true"),
             "callbacks.gpu_memory.log_every_n_steps=5",
             "trainer.log_every_n_steps=5",
         ],

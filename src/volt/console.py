@@ -39,7 +39,8 @@ def silence_known_warnings() -> None:
 
 @rank_zero_only
 def print_config_tree(config: Mapping[str, Any], save_to: Path | None = None) -> None:
-    """The resolved config as a tree of its groups, printed and kept in the run directory."""
+    """The resolved config as a tree of its groups, printed and kept in the run directory (values
+    read from the environment as their `${oc.env:...}`, as `prepare_run` hands them over)."""
     tree = Tree("config", style="dim")
     keys = [k for k in FIRST_GROUPS if k in config] + [k for k in config if k not in FIRST_GROUPS]
     for key in keys:

@@ -6,14 +6,17 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from volt.build import build_evaluation
 from volt.callbacks.config_in_checkpoint import read_stored_config
 from volt.config import CONF_DIR
 from volt.config.hydra_callbacks import exit_on_config_error
+from volt.config.run_dirs import remove_run_dir_made_here
 from volt.config.validation import ConfigError, check_config, check_machine
 from volt.console import describe_setup, print_result, route_lightning_logs
+from volt.data.downloads import DataNotFoundError
 from volt.run_records import write_metrics
 
 log = logging.getLogger("volt")
@@ -63,7 +66,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)
-    except ConfigError as error:
+    except (ConfigError, DataNotFoundError, InstantiationException) as error:
+        # Refused before it evaluated: the run directory Hydra made holds nothing to keep.
+        remove_run_dir_made_here(Path(cfg.paths.output_dir))
         exit_on_config_error(error)
 
 

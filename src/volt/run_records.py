@@ -26,7 +26,9 @@ METRICS_FILE = "metrics.json"
 
 @rank_zero_only
 def save_resolved_config(config: Mapping[str, Any], run_dir: Path) -> None:
-    """.hydra/config.yaml keeps interpolations; this copy shows the values the run really used."""
+    """.hydra/config.yaml keeps interpolations; this copy shows the values the run really used,
+    but for those read from the environment, which `config` (volt.config.redaction) holds as their
+    `${oc.env:...}`: DDP ranks train from this file and read them from the environment again."""
     (run_dir / "config_resolved.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
 
 

@@ -9,13 +9,16 @@ from typing import Any
 import hydra
 import lightning.pytorch as pl
 import torch
+from hydra.errors import InstantiationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from volt.build import TrainingObjects, build_training
 from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.config import CONF_DIR
 from volt.config.hydra_callbacks import exit_on_config_error, in_multirun
+from volt.config.redaction import redacted_container
+from volt.config.run_dirs import remove_run_dir_made_here
 from volt.config.validation import ConfigError, check_config, check_machine, check_resolves
 from volt.console import (
     describe_setup,
@@ -46,13 +49,15 @@ class TrainingOutOfMemoryError(RuntimeError):
 
 def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Everything before the objects exist: checks, records, seeds, global torch settings.
-    Returns the resolved config as plain data, which is all the helpers past this point see."""
+    Returns the resolved config as plain data, which is all the helpers past this point see
+    (records, checkpoints, hparams): values read from the environment stay `${oc.env:...}` there,
+    so no secret is written; the objects are built from `cfg`, which resolves them."""
     check_config(cfg)
     check_resolves(cfg)
     check_machine(cfg)
     route_lightning_logs()
     silence_known_warnings()
-    resolved: dict[str, Any] = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    resolved = redacted_container(cfg)
     save_resolved_config(resolved, run_dir)
     print_config_tree(resolved, save_to=run_dir / "config_tree.txt")
     if pl.utilities.rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set at import
@@ -125,8 +130,15 @@ def main(cfg: DictConfig) -> float | None:
         # Lightning's own SIGTERM path (outside fit's steps, e.g. during test) exits 0: a
         # scheduler would count the job as done.
         sys.exit(128 + signal.SIGTERM)
-    except (ConfigError, TrainingOutOfMemoryError, NonFiniteLossError, DataNotFoundError) as error:
+    except (ConfigError, DataNotFoundError, InstantiationException) as error:
+        # Refused before training began, for what only the objects could tell (a constructor's
+        # arguments, a data set's files): the run directory Hydra made holds nothing to keep.
         if in_multirun():
             raise  # fail this job only; the sweep goes on and its summary lists the failure
+        remove_run_dir_made_here(Path(cfg.paths.output_dir))
+        exit_on_config_error(error)
+    except (TrainingOutOfMemoryError, NonFiniteLossError) as error:
+        if in_multirun():
+            raise
         exit_on_config_error(error)
     return metrics.get(cfg.optimized_metric) if cfg.get("optimized_metric") else None

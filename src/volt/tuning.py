@@ -1,41 +1,66 @@
-"""`tune=batch_size` and `tune=lr`: Lightning's finders, run before fit, results in the run dir."""
+"""`tune=batch_size` and `tune=lr`: Lightning's finders, run before fit, results in the run dir.
+
+Both work on any LightningModule / LightningDataModule pair that Lightning's Tuner accepts: the
+batch-size finder needs a `batch_size` attribute on the data module (or the model), the LR finder
+an `lr` or `learning_rate` it can read, or, as volt's tasks have, an `optimizer_factory` partial
+that this module completes with the value found.
+"""
 
 import functools
 import logging
 import math
+from collections.abc import Sized
 from pathlib import Path
 
 import lightning.pytorch as pl
 from lightning.pytorch.tuner import Tuner
-
-from volt.data.classification import ImageClassificationDataModule
-from volt.models.classifier import Classifier
+from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 
 log = logging.getLogger("volt")
+DEFAULT_BATCH_TRIALS = 25  # Lightning's own default
+
+
+def _doublings_until_data_runs_out(datamodule: pl.LightningDataModule, batch_size: int) -> int:
+    """How often the batch can double before one batch holds the whole training set (a larger
+    batch would only repeat one step); Lightning's default when the set has no length."""
+    datamodule.setup("fit")
+    dataset = getattr(datamodule.train_dataloader(), "dataset", None)
+    if not isinstance(dataset, Sized) or len(dataset) <= batch_size:
+        return DEFAULT_BATCH_TRIALS if not isinstance(dataset, Sized) else 1
+    return max(1, int(math.log2(len(dataset) / batch_size)))
 
 
 def find_batch_size(
-    trainer: pl.Trainer, model: Classifier, datamodule: ImageClassificationDataModule
+    trainer: pl.Trainer, model: pl.LightningModule, datamodule: pl.LightningDataModule
 ) -> int:
     """Double the batch until it no longer fits (or the data runs out), then keep the largest that
-    did; sets datamodule.batch_size."""
-    # Doubling stops at the training set's size: a larger batch would only repeat one step.
-    datamodule.setup("fit")
-    assert datamodule.train_set is not None
-    trials = max(1, int(math.log2(len(datamodule.train_set) / datamodule.batch_size)))  # type: ignore[arg-type]
+    did; sets the `batch_size` attribute Lightning found (data module first, then model)."""
+    # The Tuner looks on the data module first, then the model (the model meets the data
+    # module through its trainer, which it has only once the Tuner runs).
+    on_data = hasattr(datamodule, "batch_size")
+    if not (on_data or lightning_hasattr(model, "batch_size")):
+        raise ValueError(
+            f"tune=batch_size needs a `batch_size` attribute on {type(datamodule).__name__} or "
+            f"{type(model).__name__} (Lightning's finder changes it): add one, or drop tune"
+        )
+    start = getattr(datamodule, "batch_size", None) or lightning_getattr(model, "batch_size")
+    assert isinstance(start, int), f"batch_size={start!r} is not an integer"
     found = Tuner(trainer).scale_batch_size(
         model,
         datamodule=datamodule,
         mode="power",
-        init_val=datamodule.batch_size,
-        max_trials=trials,
+        init_val=start,
+        max_trials=_doublings_until_data_runs_out(datamodule, start),
     )
     log.info("batch-size finder: data.batch_size=%s fits", found)
-    return int(found or datamodule.batch_size)
+    return int(found or start)
 
 
 def find_learning_rate(
-    trainer: pl.Trainer, model: Classifier, datamodule: ImageClassificationDataModule, run_dir: Path
+    trainer: pl.Trainer,
+    model: pl.LightningModule,
+    datamodule: pl.LightningDataModule,
+    run_dir: Path,
 ) -> float:
     """Sweep the learning rate over a short run, take Lightning's suggestion, plot lr_find.png."""
     steps = 100
@@ -53,8 +78,25 @@ def find_learning_rate(
     lr = float(suggestion)
     figure = finder.plot(suggest=True)
     figure.savefig(run_dir / "lr_find.png")  # type: ignore[union-attr]
-    model.optimizer_factory = functools.partial(model.optimizer_factory, lr=lr)  # type: ignore[call-arg]
+    _use_learning_rate(model, lr)
     log.info(
         "learning-rate finder: model.optimizer.lr=%.3g (plot: %s)", lr, run_dir / "lr_find.png"
     )
     return lr
+
+
+def _use_learning_rate(model: pl.LightningModule, lr: float) -> None:
+    """Where the model takes its learning rate from: volt's optimizer partial, else the
+    attribute Lightning's finder reads (`lr` or `learning_rate`)."""
+    factory = getattr(model, "optimizer_factory", None)
+    if isinstance(factory, functools.partial):
+        setattr(model, "optimizer_factory", functools.partial(factory, lr=lr))  # noqa: B010
+        return
+    for name in ("lr", "learning_rate"):
+        if lightning_hasattr(model, name):
+            setattr(model, name, lr)
+            return
+    raise ValueError(
+        f"tune=lr found lr={lr:.3g} but {type(model).__name__} has no optimizer_factory partial "
+        "and no `lr` / `learning_rate` attribute to put it in: add one, or drop tune"
+    )

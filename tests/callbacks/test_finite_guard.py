@@ -66,6 +66,9 @@ def trainer(tmp_path: Path, max_steps: int = BAD_STEP + 5, **kwargs: object) -> 
         tmp_path / "checkpoints", filename="{step}", every_n_train_steps=1, save_top_k=-1
     )
     kwargs.setdefault("accelerator", "cpu")
+    # One device, also where there are more: Lightning would otherwise start DDP over all of them
+    # by re-running this test session's command line in a process per GPU.
+    kwargs.setdefault("devices", 1)
     return pl.Trainer(
         max_steps=max_steps,
         callbacks=[FiniteGuard(), every_step],

@@ -9,7 +9,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from volt.build import build_training
 from volt.config import CONF_DIR
-from volt.config.validation import check_config, check_resolves
+from volt.config.keys import check_target_arguments
+from volt.config.validation import ConfigError, check_config, check_resolves
 
 GROUPS = (
     "data",
@@ -44,6 +45,7 @@ def test_option_composes_and_builds(
     cfg = compose_config("train", [override, f"paths.data_dir={tmp_path}", *extra])
     check_config(cfg)
     check_resolves(cfg)
+    check_target_arguments(cfg)  # every key of every `_target_` section is an argument it takes
     run = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     assert isinstance(run.trainer, pl.Trainer)
     assert run.model.net is not None
@@ -54,3 +56,12 @@ def test_eval_config_composes(compose_config: Callable[..., DictConfig]) -> None
     cfg = compose_config("eval", ["ckpt_path=some.ckpt"])
     check_resolves(cfg)
     assert cfg.mode == "test"
+
+
+def test_a_misspelt_key_in_a_config_file_is_named(
+    compose_config: Callable[..., DictConfig],
+) -> None:
+    """The check reads the composed config, wherever a key came from (conf/ or the command line)."""
+    cfg = compose_config("train", ["+callbacks.early_stopping.patiense=3"])
+    with pytest.raises(ConfigError, match=r"did you mean callbacks\.early_stopping\.patience\?"):
+        check_target_arguments(cfg)

@@ -5,14 +5,25 @@ Hydra's config, the ranks volt starts from the run's resolved config. (Importabl
 `tests.strategies.rank_probes` from the project root, where the tests start every command.)
 """
 
+import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from volt.callbacks import finite_guard
+
+
+def note_the_failure(trainer: pl.Trainer) -> None:
+    """<run dir>/failed_at.txt: when a probe made its rank fail (seconds since the epoch), so a
+    test can tell how long the run took to end after it."""
+    Path(trainer.default_root_dir, "failed_at.txt").write_text(repr(time.time()))
 
 
 def rank_of_this_process() -> int:
@@ -47,7 +58,53 @@ class FailOnRank(Callback):
             and trainer.global_rank == self.rank
             and trainer.global_step == 3
         ):
+            note_the_failure(trainer)
             raise RuntimeError(f"injected failure on rank {self.rank} ({self.when})")
+
+
+class NaNInputOnRank(Callback):
+    """Fills the inputs of global step `step` with NaN on rank `rank` only, so that this rank's
+    loss (and, after DDP's all-reduce, every rank's gradients) turn NaN while the other ranks'
+    losses stay finite (unless BatchNorm statistics are synchronised: keep sync_batchnorm off)."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank = rank
+        self.step = step
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            note_the_failure(trainer)
+            batch[0].fill_(math.nan)
+
+
+class SlowGPUOnRank(Callback):
+    """FiniteGuard's verdicts reach the host as from GPUs where rank `rank`'s runs behind: on
+    the other ranks a verdict has landed as soon as it is asked about; on this one only once
+    waited for. (On the CPU a verdict is on the host at once, on every rank.)"""
+
+    def __init__(self, rank: int) -> None:
+        landed_at_once = rank_of_this_process() != rank
+
+        def to_host(flags: Tensor) -> tuple[Tensor, _CopyDone]:
+            return flags.clone(), _CopyDone(landed_at_once)
+
+        # Only in this rank's own process, which builds its own callbacks from the run's config.
+        finite_guard._to_host = to_host  # type: ignore[assignment]
+
+
+class _CopyDone:
+    """Stands in for the CUDA event recorded after a verdict's copy to the host."""
+
+    def __init__(self, landed_at_once: bool) -> None:
+        self.landed_at_once = landed_at_once
+
+    def query(self) -> bool:
+        return self.landed_at_once
+
+    def synchronize(self) -> None:
+        pass
 
 
 class RecordBatchNorm(Callback):

@@ -34,6 +34,7 @@ def test_sweep_through_submitit_local(
             "callbacks.progress_bar=null",
             "callbacks.model_summary=null",
             PROBE,
+            "trusted_targets=[tests]",
         ],
         timeout=300,
     )

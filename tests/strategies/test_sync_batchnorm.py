@@ -90,8 +90,14 @@ def free_port() -> int:
 
 def run_ranks(rank: int, port: int, backend: str, out_dir: Path) -> None:
     """One rank: every case, its slice of each step's batch, results saved for the test."""
+    # A collective waits this long for a lost peer, then fails, so no rank outlives the test
+    # for long (NCCL's default is 10 minutes, gloo's 30).
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD_SIZE,
+        timeout=datetime.timedelta(seconds=60),
     )
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":

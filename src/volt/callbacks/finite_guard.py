@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.optim import Optimizer
 
-from volt.strategies.collectives import all_reduce_queued
+from volt.strategies.collectives import VerdictOfAllRanksError, all_reduce_queued
 
 FIXES = (
     "lower model.optimizer.lr, use gradient clipping trainer.gradient_clip_val=1.0,"
@@ -19,8 +19,11 @@ FIXES = (
 )
 
 
-class NonFiniteLossError(RuntimeError):
-    """The loss or a gradient held NaN or inf; str(error) says at which step, where, what to try."""
+class NonFiniteLossError(VerdictOfAllRanksError):
+    """The loss or a gradient held NaN or inf; str(error) says at which step, where, what to try.
+
+    Under DDP every rank raises it at the same step: the verdict is pooled over the ranks.
+    """
 
 
 @dataclass
@@ -46,6 +49,13 @@ class FiniteGuard(Callback):
     training stops; on the CPU the copy is immediate and the step that raises changed nothing.
     Checkpoints are never spoiled: before any checkpoint is written, and at the end of each
     epoch, every outstanding verdict is waited for (one sync, seldom).
+
+    Under DDP all ranks must stop at the same step: a rank that stopped alone would leave the
+    others waiting for it in their next collective, under NCCL until its timeout (30 minutes by
+    default) wherever no launcher kills them. Whether a GPU has got there yet differs from rank
+    to rank, so there each rank reads the verdict of a step at the next optimizer step, waiting
+    for it if need be (by then the GPU is almost always done with it). On the CPU the verdict is
+    on the host at once, on every rank alike, and is read at once.
 
     Under `precision=16-mixed` a GradScaler multiplies the loss before backward, so gradients
     overflow to inf from time to time by design; the scaler then skips that step and lowers its
@@ -97,33 +107,46 @@ class FiniteGuard(Callback):
         anywhere = all_reduce_queued(torch.cat([loss_bad, grads_bad]), op="sum")
         flags = torch.cat([anywhere.int(), loss_bad, params_bad])
         self._pending.append(_Verdict(trainer.global_step, *_to_host(flags), params))
-        self._read_verdicts(trainer, wait=False)
+        if trainer.world_size > 1:
+            self._read_verdicts_before(trainer, trainer.global_step)
+        else:
+            self._read_landed_verdicts(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._read_verdicts(trainer, wait=True)
+        self._read_verdicts_before(trainer, math.inf)
 
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         # Raising here, before the file is written, keeps every checkpoint finite.
-        self._read_verdicts(trainer, wait=True)
+        self._read_verdicts_before(trainer, math.inf)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._read_verdicts(trainer, wait=True)
+        self._read_verdicts_before(trainer, math.inf)
 
-    def _read_verdicts(self, trainer: pl.Trainer, wait: bool) -> None:
-        while self._pending:
-            verdict = self._pending[0]
-            if verdict.ready is not None:
-                if not wait and not verdict.ready.query():
-                    return  # the GPU is not there yet; look again next step
-                verdict.ready.synchronize()
-            self._pending.popleft()
-            flags = verdict.flags.tolist()
-            if flags[0] or flags[1]:
-                self._pending.clear()
-                names = [self._names.get(id(p), "?") for p in verdict.params]
-                raise NonFiniteLossError(_message(verdict, names, flags, trainer.global_step))
+    def _read_landed_verdicts(self, trainer: pl.Trainer) -> None:
+        """Reads, oldest first, the verdicts already on the host; waits for none."""
+        while self._pending and _landed(self._pending[0]):
+            self._read(trainer, self._pending.popleft())
+
+    def _read_verdicts_before(self, trainer: pl.Trainer, step: float) -> None:
+        """Reads the verdicts of the steps before `step`, waiting for the GPU where it is not
+        there yet, and any verdict that was on the host from the start (computed on the CPU)."""
+        while self._pending and (self._pending[0].step < step or self._pending[0].ready is None):
+            self._read(trainer, self._pending.popleft())
+
+    def _read(self, trainer: pl.Trainer, verdict: _Verdict) -> None:
+        if verdict.ready is not None:
+            verdict.ready.synchronize()
+        flags = verdict.flags.tolist()
+        if flags[0] or flags[1]:
+            self._pending.clear()
+            names = [self._names.get(id(p), "?") for p in verdict.params]
+            raise NonFiniteLossError(_message(verdict, names, flags, trainer.global_step))
+
+
+def _landed(verdict: _Verdict) -> bool:
+    return verdict.ready is None or verdict.ready.query()
 
 
 def _to_host(flags: Tensor) -> tuple[Tensor, torch.cuda.Event | None]:

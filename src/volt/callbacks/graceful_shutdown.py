@@ -57,9 +57,10 @@ class GracefulShutdown(Callback):
     process, and the host never waits for the GPU to find out. A second Ctrl+C stops at once,
     without saving. Handlers are installed for the fit (from the sanity check on, replacing
     Lightning's SIGTERM handler, whose early exit would skip the checkpoint) and restored when
-    training ends. Meanwhile Lightning's own per-step check for that handler's flag (a broadcast
-    read back on the host: one host sync per step) is switched off: the flag can no longer be set,
-    and a SIGTERM that Lightning's handler took before the fit is taken over.
+    training ends, by an exception too, or when a fit with nothing to train ends. Meanwhile
+    Lightning's own per-step check for that handler's flag (a broadcast read back on the host:
+    one host sync per step) is switched off: the flag can no longer be set, and a SIGTERM that
+    Lightning's handler took before the fit is taken over.
     """
 
     def __init__(self, checkpoint_dir: str | Path) -> None:
@@ -120,6 +121,11 @@ class GracefulShutdown(Callback):
     ) -> None:
         self._end(trainer)
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After a sanity check with no training after it (limit_train_batches=0, or a resumed run
+        # that had already finished) neither of the hooks above ran.
+        self._end(trainer)
+
     def _end(self, trainer: pl.Trainer) -> None:
         self._uninstall()
         self._pending = None
@@ -162,7 +168,9 @@ class GracefulShutdown(Callback):
 
     def _uninstall(self) -> None:
         for signum, handler in self._previous_handlers.items():
-            if handler is not None:  # None: set outside Python, cannot be put back
+            # Only where ours is still in place: by `on_fit_end` Lightning has already put back
+            # the handlers it found before the fit. None: set outside Python, cannot be put back.
+            if handler is not None and signal.getsignal(signum) == self._on_signal:
                 signal.signal(signum, handler)
         self._previous_handlers = {}
 

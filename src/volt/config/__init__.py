@@ -3,6 +3,7 @@
 import datetime
 import os
 import secrets
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -10,10 +11,53 @@ from omegaconf import OmegaConf
 
 from volt.strategies.torchrun import launched_by_torchrun, stamp_of_rank_zero
 
-# src/volt/config/__init__.py -> the project root holding conf/. The package is installed
-# editable (or put on PYTHONPATH), so this is the clone the user works in.
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+# Processes a volt process starts (DDP ranks, submitit jobs) read the project from here, so they
+# use the conf/ and outputs/ of the process that started them whatever their own script and
+# working directory are. Set below once the project is known; a user may set it too.
+ROOT_VARIABLE = "VOLT_PROJECT_ROOT"
+# The package lives in <project>/src/volt when installed editable from <project>.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def _holds_conf(folder: Path) -> bool:
+    return (folder / "conf").is_dir()
+
+
+def find_project_root() -> tuple[Path, str]:
+    """The project (the folder holding conf/; outputs/ goes beside it) and how it was found.
+
+    In this order: the folder of the script being run (`python <clone>/train.py`: the clone you
+    run is the clone you use, whichever clone the package was installed from); $VOLT_PROJECT_ROOT;
+    the working directory (`python -m volt.eval`, `volt-train` started in a clone); the project the
+    package was installed from. `@hydra.main` reads CONF_DIR at import, so this runs at import.
+    """
+    script = Path(sys.argv[0]) if sys.argv else None
+    if script is not None and script.is_file() and _holds_conf(script.resolve().parent):
+        return script.resolve().parent, "script"
+    if os.environ.get(ROOT_VARIABLE):
+        return Path(os.environ[ROOT_VARIABLE]).resolve(), ROOT_VARIABLE
+    if _holds_conf(Path.cwd()):
+        return Path.cwd().resolve(), "working directory"
+    return PACKAGE_DIR.parents[1], "package"
+
+
+def warn_if_package_elsewhere(root: Path, found_by: str) -> None:
+    """One line on stderr when the volt code that runs is not the code in this project: with one
+    venv and two clones, edits under the clone you run would silently not count."""
+    if found_by in (ROOT_VARIABLE, "package") or root / "src" / "volt" == PACKAGE_DIR:
+        return  # the process that set the variable has warned already
+    print(
+        f"volt: warning: conf/ and outputs/ come from {root} ({found_by}), but the volt package"
+        f" is imported from {PACKAGE_DIR}, not {root / 'src' / 'volt'}: code changes in this"
+        f" project are not used; run `pip install -e {root}` to use them",
+        file=sys.stderr,
+    )
+
+
+PROJECT_ROOT, _FOUND_BY = find_project_root()
 CONF_DIR = PROJECT_ROOT / "conf"
+warn_if_package_elsewhere(PROJECT_ROOT, _FOUND_BY)
+os.environ[ROOT_VARIABLE] = str(PROJECT_ROOT)
 
 
 @cache

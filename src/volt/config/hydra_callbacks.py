@@ -1,45 +1,132 @@
-"""Hydra hooks: refuse a bad config before any directory exists; summarise a sweep at its end."""
+"""Hydra hooks: refuse a bad config before any directory exists; one process per run directory;
+summarise a sweep at its end."""
 
+import functools
 import logging
 import os
+import re
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from volt.callbacks.config_in_checkpoint import read_stored_config
+from volt.config.keys import check_added_keys, check_target_arguments
+from volt.config.redaction import refuse_literal_secrets, typed_overrides
+from volt.config.run_dirs import check_run_dir, note_new_run_dir
+from volt.config.targets import check_stored_config
 from volt.config.validation import ConfigError, check_checkpoint, check_config, check_machine
 from volt.resume import check_same_run
+from volt.run_lock import RunLock, RunLockedError, lock_run_dir
 from volt.run_records import record_failure
 from volt.sweeps.summary import print_sweep_summary, write_sweep_summary
 
 log = logging.getLogger(__name__)
 
 
-def exit_on_config_error(error: Exception) -> None:
-    """One line, no traceback (set VOLT_TRACEBACK=1 for it), exit status 2."""
+def exit_on_config_error(error: Exception) -> NoReturn:
+    """One line, exit status 2; VOLT_TRACEBACK=1 prints the traceback before it. Never re-raised:
+    inside a Hydra callback that would become a warning, and the run would go on."""
     if os.environ.get("VOLT_TRACEBACK"):
-        raise error
+        traceback.print_exception(error)
     kind = "config error" if isinstance(error, ConfigError) else "error"
-    print(f"volt: {kind}: {error}", file=sys.stderr)
+    print(f"volt: {kind}: {one_line(error)}", file=sys.stderr)
     sys.exit(2)
+
+
+def one_line(error: Exception) -> str:
+    """The message of `error` on one line; for a constructor that refused its arguments, the key
+    of its section, the callable, and its own error, without Hydra's wrapping."""
+    if isinstance(error, InstantiationException) and error.__cause__ is not None:
+        cause, text = error.__cause__, str(error)
+        key = re.search(r"full_key: (\S+)", text)
+        target = re.search(r"'([^']+)'", text)
+        where = f"{key.group(1)}: " if key else ""
+        what = f"{target.group(1)} refused its arguments: " if target else ""
+        return " ".join(f"{where}{what}{type(cause).__name__}: {cause}".split())
+    # volt's own errors are written for the user; another's needs its type to make sense.
+    own = type(error).__module__.startswith(__name__.split(".")[0] + ".")
+    return " ".join((str(error) if own else f"{type(error).__name__}: {error}").split())
+
+
+def _exits_on_error(hook: Callable[..., None]) -> Callable[..., None]:
+    """Hydra turns an exception in a callback into a warning and goes on to make the run's
+    directory; volt's hooks end the process instead, with the one line."""
+
+    @functools.wraps(hook)
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        try:
+            hook(*args, **kwargs)
+        except Exception as error:
+            exit_on_config_error(error)
+
+    return guarded
 
 
 def in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def owns_run_dir() -> bool:
+    """Only rank 0 locks: under torchrun and srun every rank runs Hydra in one run directory."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
+
+
+def hold_run_dir(directory: Path) -> RunLock | None:
+    """Lock `directory` for this process (see volt.run_lock); while another holds it: one line,
+    exit status 2, nothing written. Taken before Hydra writes into the directory."""
+    if not owns_run_dir():
+        return None
+    try:
+        return lock_run_dir(directory)
+    except RunLockedError as error:
+        exit_on_config_error(error)
+
+
 class VoltCallback(Callback):
+    def __init__(self) -> None:
+        # The run's or the whole sweep's directory, held until this process ends it; and the
+        # directory of the sweep job under way.
+        self._dir_lock: RunLock | None = None
+        self._job_lock: RunLock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Submitit pickles this object into every job process; a lock stays with its process.
+        return {**self.__dict__, "_dir_lock": None, "_job_lock": None}
+
+    @_exits_on_error
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._validate(config)
+        if owns_run_dir():  # torchrun's ranks share it: rank 0's to make, and to take away
+            note_new_run_dir(Path(config.hydra.run.dir))  # before the lock makes it
+        self._dir_lock = hold_run_dir(Path(config.hydra.run.dir))
 
+    @_exits_on_error
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+
+    @_exits_on_error
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._validate(config)
+        self._dir_lock = hold_run_dir(Path(config.hydra.sweep.dir))
 
+    @_exits_on_error
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # A sweep job holds its own directory too: under submitit it runs in a process of its own,
+        # where Hydra has made the directory, written .hydra/ and opened the log before this hook.
+        if in_multirun():
+            self._job_lock = hold_run_dir(Path(config.hydra.runtime.output_dir))
+
+    @_exits_on_error
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         # Hydra keeps a failed sweep job's exception to itself; say which job failed and why.
         if not in_multirun():
@@ -52,19 +139,34 @@ class VoltCallback(Callback):
             record_failure(job_dir, f"{type(error).__name__}: {error}")
         # Hydra skips on_multirun_end when a job failed, so the table is kept current here.
         write_sweep_summary(Path(config.hydra.sweep.dir))
+        if self._job_lock is not None:
+            self._job_lock.release()
 
+    @_exits_on_error
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         print_sweep_summary(Path(config.hydra.sweep.dir), str(config.get("optimized_metric")))
+        if self._dir_lock is not None:
+            self._dir_lock.release()
 
     @staticmethod
     def _validate(config: DictConfig) -> None:
+        # HydraConfig is set only once the job runs: the mode comes from the config here.
+        multirun = config.hydra.mode == RunMode.MULTIRUN
         try:
+            refuse_literal_secrets(config)  # before Hydra writes .hydra/
+            check_target_arguments(config)  # the allow-list first: both import targets
+            check_added_keys(config)
             check_config(config)
+            check_run_dir(config)
             check_machine(config)
-            if config.get("task_name") == "eval":
+            if "ckpt_path" in config:  # eval
                 check_checkpoint(config)
-            elif config.get("name") and not in_multirun():
+                # The checkpoint's config is data: refused here before Hydra makes the run
+                # directory, against this command's trusted_targets, never the checkpoint's own.
+                stored = read_stored_config(Path(config.ckpt_path))
+                check_stored_config(stored, config.trusted_targets)
+            elif config.get("name") and not multirun:
                 run_dir = Path(config.hydra.run.dir)
-                check_same_run(run_dir, config.name, list(config.hydra.overrides.task))
+                check_same_run(run_dir, config.name, typed_overrides(config))
         except ConfigError as error:
             exit_on_config_error(error)

@@ -1,81 +1,48 @@
 """Checks a composed config before anything is started: each problem becomes one line that names
 the key, the bad value, what is allowed and what to type instead."""
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from volt.config.errors import ConfigError
+from volt.config.lightning_flags import check_trainer_flags
+from volt.config.rules import (
+    LOADER_RULES,
+    TRAINER_RULES,
+    Rule,
+    int_from,
+    is_int,
+    is_number,
+    one_of,
+    path_part,
+)
+
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-
-class ConfigError(ValueError):
-    """A config value volt cannot run with; str(error) is the whole message for the user."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    key: str
-    check: Callable[[Any], bool]
-    allowed: str
-    example: str
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def one_of(*values: Any) -> Callable[[Any], bool]:
-    return lambda v: v in values
-
-
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
 TRAIN_RULES = (
-    Rule(
-        "name",
-        lambda v: v is None or (isinstance(v, str) and NAME.fullmatch(v) is not None),
-        "null or letters, digits, '.', '_' and '-' (it becomes a directory name)",
-        "name=cifar-baseline",
-    ),
+    path_part("task_name", "task_name=train"),
+    path_part("name", "name=cifar-baseline"),
     Rule("resume", one_of(None, True, False), "null, true or false", "resume=true"),
     Rule(
         "precision", one_of(*PRECISIONS), "one of " + ", ".join(PRECISIONS), "precision=bf16-mixed"
     ),
-    Rule(
-        "seed",
-        lambda v: v is None or (_is_int(v) and v >= 0),
-        "a non-negative integer or null",
-        "seed=42",
-    ),
-    Rule(
-        "data.batch_size",
-        lambda v: _is_int(v) and v > 0,
-        "a positive integer",
-        "data.batch_size=64",
-    ),
-    Rule(
-        "data.num_workers", lambda v: _is_int(v) and v >= 0, "an integer >= 0", "data.num_workers=4"
-    ),
+    Rule("seed", int_from(0, or_null=True), "a non-negative integer or null", "seed=42"),
+    Rule("data.batch_size", int_from(1), "a positive integer", "data.batch_size=64"),
+    Rule("data.num_workers", int_from(0), "an integer >= 0", "data.num_workers=4"),
     Rule(
         "data.val_fraction",
-        lambda v: _is_number(v) and 0 < v < 1,
+        lambda v: is_number(v) and 0 < v < 1,
         "a number between 0 and 1",
         "data.val_fraction=0.1",
     ),
     Rule(
         "data.test_fraction",
-        lambda v: _is_number(v) and 0 < v < 1,
+        lambda v: is_number(v) and 0 < v < 1,
         "a number between 0 and 1",
         "data.test_fraction=0.15",
     ),
@@ -87,19 +54,14 @@ TRAIN_RULES = (
     ),
     Rule(
         "trainer.max_epochs",
-        lambda v: _is_int(v) and v >= -1,
+        int_from(-1),
         "an integer >= 1 (or -1: no limit)",
         "trainer.max_epochs=20",
     ),
-    Rule(
-        "trainer.num_nodes",
-        lambda v: _is_int(v) and v >= 1,
-        "a positive integer",
-        "trainer.num_nodes=1",
-    ),
+    Rule("trainer.num_nodes", int_from(1), "a positive integer", "trainer.num_nodes=1"),
     Rule(
         "model.optimizer.lr",
-        lambda v: _is_number(v) and v > 0,
+        lambda v: is_number(v) and v > 0,
         "a positive number",
         "model.optimizer.lr=1e-3",
     ),
@@ -122,10 +84,14 @@ TRAIN_RULES = (
         "matmul_precision=high",
     ),
     Rule("tune", one_of(None, "batch_size", "lr"), "null, batch_size or lr", "tune=lr"),
+    *TRAINER_RULES,
+    *LOADER_RULES,
 )
 
 
 EVAL_RULES = (
+    path_part("task_name", "task_name=eval"),
+    path_part("name", "name=baseline-test"),
     Rule(
         "ckpt_path",
         lambda v: Path(str(v)).is_file(),
@@ -142,14 +108,8 @@ EVAL_RULES = (
     Rule(
         "accelerator", one_of(*ACCELERATORS), "one of " + ", ".join(ACCELERATORS), "accelerator=cpu"
     ),
-    Rule(
-        "batch_size",
-        lambda v: v is None or (_is_int(v) and v > 0),
-        "null or a positive integer",
-        "batch_size=256",
-    ),
+    Rule("batch_size", int_from(1, or_null=True), "null or a positive integer", "batch_size=256"),
 )
-RULES = {"train": TRAIN_RULES, "eval": EVAL_RULES}
 
 
 def _value(cfg: DictConfig, key: str) -> Any:
@@ -185,7 +145,8 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(
             f"{missing[0]} has no value (???): set it on the command line, e.g. {missing[0]}=..."
         )
-    for rule in RULES[cfg.get("task_name", "train")]:
+    # The eval config is the one with a checkpoint to read; task_name only names the directory.
+    for rule in EVAL_RULES if "ckpt_path" in cfg else TRAIN_RULES:
         value = _value(cfg, rule.key)
         if value is _ABSENT:
             continue
@@ -201,7 +162,7 @@ def check_config(cfg: DictConfig) -> None:
         )
     _check_adam_eps_in_fp16(cfg)
     val, test = (OmegaConf.select(cfg, f"data.{k}_fraction") for k in ("val", "test"))
-    if _is_number(val) and _is_number(test) and val + test >= 1:
+    if is_number(val) and is_number(test) and val + test >= 1:
         raise ConfigError(
             f"data.val_fraction={val} and data.test_fraction={test} leave no training data: "
             "keep their sum below 1, e.g. data.val_fraction=0.15 data.test_fraction=0.15"
@@ -218,7 +179,7 @@ def _check_adam_eps_in_fp16(cfg: DictConfig) -> None:
     if cfg.get("precision") != "16-true" or target.rsplit(".", 1)[-1] not in ADAMS:
         return
     eps = OmegaConf.select(cfg, "model.optimizer.eps", default=1e-8)
-    if _is_number(eps) and eps < 6e-8:
+    if is_number(eps) and eps < 6e-8:
         raise ConfigError(
             f"precision=16-true with model.optimizer.eps={eps}: fp16 rounds it to 0 and Adam"
             " divides by zero; set model.optimizer.eps=1e-4, or use precision=16-mixed / bf16-true"
@@ -246,7 +207,8 @@ def check_resolves(cfg: DictConfig) -> None:
 
 
 def check_machine(cfg: DictConfig) -> None:
-    """The requested accelerator exists here (Lightning would fail later, with a traceback)."""
+    """The requested accelerator exists here and takes the devices asked for (Lightning would
+    fail later, with a traceback, after the run directory exists)."""
     import torch
 
     accelerator = OmegaConf.select(cfg, "trainer.accelerator") or cfg.get("accelerator")
@@ -258,7 +220,7 @@ def check_machine(cfg: DictConfig) -> None:
     devices = OmegaConf.select(cfg, "trainer.devices")
     available = torch.cuda.device_count()
     on_gpus = accelerator in ("gpu", "cuda") or (accelerator == "auto" and available)
-    if on_gpus and _is_int(devices) and devices > available:
+    if on_gpus and is_int(devices) and devices > available:
         raise ConfigError(
             f"trainer.devices={devices} but {available} GPU(s) are visible here: "
             f"use trainer.devices={available} (or -1 for all), or check CUDA_VISIBLE_DEVICES"
@@ -267,7 +229,7 @@ def check_machine(cfg: DictConfig) -> None:
     target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else str(strategy)
     nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1)
     batch = OmegaConf.select(cfg, "data.batch_size")
-    if "ddp" in target.lower() and _is_int(devices) and _is_int(batch) and _is_int(nodes):
+    if "ddp" in target.lower() and is_int(devices) and is_int(batch) and is_int(nodes):
         processes = devices * nodes
         if batch % processes:
             raise ConfigError(
@@ -283,3 +245,4 @@ def check_machine(cfg: DictConfig) -> None:
             f"precision={precision} but {name} has no bfloat16 support: "
             "use precision=16-mixed (with gradient scaling) or precision=32-true"
         )
+    check_trainer_flags(cfg)

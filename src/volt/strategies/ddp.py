@@ -17,7 +17,9 @@ which would end a whole sweep. Here rank 0 gets `RANK_ZERO_GRACE_S` to end the r
 gloo its next collective fails at once ("Connection closed by peer"), the run raises, and a sweep
 goes on with its next job. NCCL collectives wait for a dead peer until their timeout instead, and
 neither backend notices a rank that dies before joining the process group; rank 0 is then killed
-after the grace period, as Lightning does.
+after the grace period, as Lightning does. An error that every rank raises at the same step from
+a verdict they pooled (`VerdictOfAllRanksError`: FiniteGuard's NaN) is rank 0's own to report;
+the other ranks' exits with it blame no one.
 
 Under torchrun or SLURM's srun the ranks exist already and nothing is launched (Lightning asks its
 cluster environment, as its own DDP does).
@@ -27,11 +29,12 @@ import datetime
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from volt.strategies.collectives import VerdictOfAllRanksError
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,10 @@ CRASHED_RANK_EXIT_S = 5
 RANK_EXIT_TIMEOUT_S = 60
 # Set by the launcher in rank 0 for the process group; restored when the run ends.
 _RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
+# Before torch 2.8 TCPStore's libuv server takes over a listening socket handed to it but never
+# accepts on it (pytorch/pytorch#150215): the ranks would wait out the rendezvous timeout. There
+# the older server, which always could. Delete once torch>=2.8 is the floor.
+_LIBUV_SERVES_A_SOCKET = torch.__version__ >= "2.8"
 
 
 def rank_log_file(run_dir: Path, rank: int) -> Path:
@@ -68,23 +76,42 @@ def rank_log_file(run_dir: Path, rank: int) -> Path:
     return run_dir / f"train_rank{rank}.log"
 
 
-def reserve_rendezvous_port() -> "torch.distributed.TCPStore":
-    """The rendezvous server of this run, already listening on a port the system picked.
+def reserve_rendezvous_port(address: str) -> "torch.distributed.TCPStore":
+    """The rendezvous server of this run, already listening on `address` (the run's MASTER_ADDR)
+    at a port the system picked.
 
     Lightning picks a free port and opens it only later, in `init_process_group`; meanwhile
     another run on the machine (a sweep under submitit_local starts all its jobs at once) can
     take it, or a rank's outgoing connection can be given it, and the run fails with EADDRINUSE.
     Holding the port from the start closes that window. The store is multi-tenant, so rank 0's
     `init_process_group` serves from this same listening socket instead of binding the port again.
+
+    Given a host name, TCPStore listens on every interface of the machine (seen in torch 2.11
+    and 2.14, with and without libuv), and anyone who reaches the port can write to the store
+    the ranks meet in. Handed a socket bound to `address` instead, it listens there alone: on
+    127.0.0.1, Lightning's default, only this machine can connect.
     """
-    return torch.distributed.TCPStore(
-        "127.0.0.1",
-        0,
-        is_master=True,
-        wait_for_workers=False,
-        multi_tenant=True,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    family, kind, protocol, _, where = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, protocol) as listener:
+        try:
+            listener.bind(where)
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"MASTER_ADDR={address}: the DDP rendezvous cannot listen there ({error.strerror});"
+                " unset MASTER_ADDR for a run on this machine, or set it to an address of it",
+            ) from error
+        listener.listen()
+        return torch.distributed.TCPStore(
+            address,
+            listener.getsockname()[1],
+            is_master=True,
+            wait_for_workers=False,
+            multi_tenant=True,
+            timeout=datetime.timedelta(seconds=60),
+            master_listen_fd=listener.detach(),  # the store closes it when it goes
+            use_libuv=_LIBUV_SERVES_A_SOCKET,
+        )
 
 
 class RankFailedError(RuntimeError):
@@ -100,9 +127,14 @@ class DDPStrategy(LightningDDPStrategy):
     DDPStrategy (e.g. `find_unused_parameters`).
     """
 
-    def __init__(self, rank_config: str | Path, **ddp_kwargs: Any) -> None:
+    def __init__(
+        self, rank_config: str | Path, trusted_targets: Sequence[str] = (), **ddp_kwargs: Any
+    ) -> None:
         super().__init__(start_method="popen", **ddp_kwargs)
         self.rank_config = Path(rank_config)
+        # Rank 0's own allow-list, handed to the ranks on their command line: the list stored in
+        # the run directory's file is data and may not widen itself (volt.config.targets).
+        self.trusted_targets = list(trusted_targets)
 
     @override
     def _configure_launcher(self) -> None:
@@ -114,7 +146,11 @@ class DDPStrategy(LightningDDPStrategy):
             # plugin of the user's own is left alone.
             self._layer_sync = SyncBatchNormLayers(timeout=self._timeout)
         self._launcher = _RunConfigLauncher(
-            self.cluster_environment, self.num_processes, self.num_nodes, self.rank_config
+            self.cluster_environment,
+            self.num_processes,
+            self.num_nodes,
+            self.rank_config,
+            self.trusted_targets,
         )
 
     @override
@@ -145,9 +181,11 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
         num_processes: int,
         num_nodes: int,
         rank_config: Path,
+        trusted_targets: list[str],
     ) -> None:
         super().__init__(cluster_environment, num_processes, num_nodes)
         self.rank_config = rank_config
+        self.trusted_targets = trusted_targets
         self._observer: _RankObserver | None = None
         self._run_ended = threading.Event()
         self._store: torch.distributed.TCPStore | None = None
@@ -175,7 +213,7 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
             )
         environment = self.cluster_environment
         if "MASTER_PORT" not in os.environ and environment.node_rank() == 0:
-            self._store = reserve_rendezvous_port()
+            self._store = reserve_rendezvous_port(environment.main_address)
             os.environ["MASTER_PORT"] = str(self._store.port)
             if environment.main_port != self._store.port:
                 raise RuntimeError(
@@ -199,6 +237,7 @@ class _RunConfigLauncher(_SubprocessScriptLauncher):
                 "volt.strategies.rank_entry",
                 str(self.rank_config),
                 str(rank),
+                *self.trusted_targets,
             ]
             self.procs.append(
                 subprocess.Popen(command, env={**shared, "LOCAL_RANK": str(local_rank)})
@@ -315,6 +354,9 @@ def ranks_end_with_run(trainer: pl.Trainer) -> Iterator[None]:
         return
     try:
         yield
+    except VerdictOfAllRanksError:
+        launcher.stop_ranks()  # every rank raised it too: rank 0's own error says it all
+        raise
     except Exception as error:
         crashed = launcher.stop_ranks()
         if crashed:

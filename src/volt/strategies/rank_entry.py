@@ -1,4 +1,4 @@
-"""`python -m volt.strategies.rank_entry CONFIG RANK`: one of the extra ranks of a DDP run.
+"""`python -m volt.strategies.rank_entry CONFIG RANK [TRUSTED ...]`: one extra rank of a DDP run.
 
 The launcher in `volt.strategies.ddp` starts it with Lightning's variables set (LOCAL_RANK,
 NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). CONFIG is the run's resolved config, so this
@@ -15,6 +15,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from volt.callbacks.graceful_shutdown import TrainingInterrupted
+from volt.config.errors import ConfigError
+from volt.config.hydra_callbacks import exit_on_config_error
+from volt.config.targets import check_stored_config
 from volt.strategies.ddp import rank_log_file
 from volt.train import train
 
@@ -34,10 +37,27 @@ def configure_logging(log_file: Path, rank: int) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[to_file, to_console], force=True)
 
 
-def main() -> None:
-    config_file, rank = Path(sys.argv[1]), int(sys.argv[2])
+def read_run_config(config_file: Path, trusted_targets: list[str]) -> DictConfig:
+    """The run's resolved config, checked as data before anything is built or written: a file in
+    the run directory is trusted no more than a checkpoint (`volt.config.targets`). Checked as
+    read, unresolved: an interpolation is refused before a resolver runs.
+
+    `trusted_targets` is rank 0's list, from this process's command line; the file's own list
+    does not count (a file must not widen its own allow-list)."""
     cfg = OmegaConf.load(config_file)
-    assert isinstance(cfg, DictConfig), f"{config_file} holds a list, not a run's config"
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{config_file} holds a {type(cfg).__name__}, not a run's config")
+    stored = OmegaConf.to_container(cfg, resolve=False)
+    check_stored_config(stored, trusted_targets)
+    return cfg
+
+
+def main() -> None:
+    config_file, rank, trusted = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    try:
+        cfg = read_run_config(config_file, trusted)
+    except ConfigError as error:
+        exit_on_config_error(error)
     configure_logging(rank_log_file(config_file.parent, rank), rank)
     log.info("Rank %d trains %s", rank, config_file)
     try:
