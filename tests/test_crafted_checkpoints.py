@@ -21,11 +21,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from volt import build
 from volt import eval as volt_eval
-from volt.callbacks.config_in_checkpoint import CHECKPOINT_KEY
-from volt.checkpointing import AtomicCheckpointIO, CheckpointLoadError
+from volt import rank as rank_entry
+from volt.checkpointing import CHECKPOINT_KEY, AtomicCheckpointIO, CheckpointLoadError
 from volt.config import PROJECT_ROOT
-from volt.config.errors import ConfigError
-from volt.strategies import rank_entry
+from volt.errors import ConfigError
 
 Payload = Callable[[dict[str, Any], Path], None]
 

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from volt.env import collect_device_report, format_device_report, headline, save_device_report
+from volt.device_report import (
+    collect_device_report,
+    format_device_report,
+    headline,
+    save_device_report,
+)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 without_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU report")

@@ -18,8 +18,9 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from volt.callbacks.graceful_shutdown import GracefulShutdown, TrainingInterrupted
+from volt.callbacks.graceful_shutdown import GracefulShutdown
 from volt.config import PROJECT_ROOT
+from volt.errors import TrainingInterrupted
 
 # Trains until told to stop (or max_steps), printing each step's number as it starts it.
 SCRIPT = """
@@ -285,7 +286,7 @@ def test_a_signal_to_another_ddp_rank_stops_every_rank_and_saves(
     (rank1,) = [
         pid
         for pid, cmdline in command_lines()
-        if b"volt.strategies.rank_entry" in cmdline and str(outputs).encode() in cmdline
+        if b"volt.rank" in cmdline and str(outputs).encode() in cmdline
     ]
     os.kill(rank1, signal.SIGTERM)  # rank 0 learns of it through the queued all-reduce
     process.wait(timeout=120)

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from volt.config import CONF_DIR
 from volt.config.redaction import redacted_container, refuse_literal_secrets, says_secret
-from volt.config.validation import ConfigError
+from volt.errors import ConfigError
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 HERE = "tests.test_secrets"

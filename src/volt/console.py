@@ -1,19 +1,26 @@
 """What volt prints: the config tree at start, one line naming the hardware set-up, the result."""
 
 import logging
+import os
+import re
+import sys
+import traceback
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning.pytorch as pl
 import torch
 import yaml
+from hydra.errors import InstantiationException
 from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.tree import Tree
+
+from volt.errors import ConfigError
 
 log = logging.getLogger("volt")
 FIRST_GROUPS = ("data", "model", "trainer", "compile", "callbacks", "logger")
@@ -74,3 +81,28 @@ def print_result(metrics: Mapping[str, float], run_dir: Path) -> None:
     console = Console()
     console.print(table)
     console.print(f"Run directory: [bold]{run_dir}[/bold]")
+
+
+def exit_on_config_error(error: Exception) -> NoReturn:
+    """One line, exit status 2; VOLT_TRACEBACK=1 prints the traceback before it. Never re-raised:
+    inside a Hydra callback that would become a warning, and the run would go on."""
+    if os.environ.get("VOLT_TRACEBACK"):
+        traceback.print_exception(error)
+    kind = "config error" if isinstance(error, ConfigError) else "error"
+    print(f"volt: {kind}: {one_line(error)}", file=sys.stderr)
+    sys.exit(2)
+
+
+def one_line(error: Exception) -> str:
+    """The message of `error` on one line; for a constructor that refused its arguments, the key
+    of its section, the callable, and its own error, without Hydra's wrapping."""
+    if isinstance(error, InstantiationException) and error.__cause__ is not None:
+        cause, text = error.__cause__, str(error)
+        key = re.search(r"full_key: (\S+)", text)
+        target = re.search(r"'([^']+)'", text)
+        where = f"{key.group(1)}: " if key else ""
+        what = f"{target.group(1)} refused its arguments: " if target else ""
+        return " ".join(f"{where}{what}{type(cause).__name__}: {cause}".split())
+    # volt's own errors are written for the user; another's needs its type to make sense.
+    own = type(error).__module__.startswith(__name__.split(".")[0] + ".")
+    return " ".join((str(error) if own else f"{type(error).__name__}: {error}").split())

@@ -10,14 +10,14 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from volt.build import build_evaluation
-from volt.callbacks.config_in_checkpoint import read_stored_config
+from volt.checkpointing import read_stored_config
 from volt.config import CONF_DIR
-from volt.config.hydra_callbacks import exit_on_config_error
 from volt.config.run_dirs import remove_run_dir_made_here
-from volt.config.validation import ConfigError, check_config, check_machine
-from volt.console import describe_setup, print_result, route_lightning_logs
+from volt.config.validation import check_config, check_machine
+from volt.console import describe_setup, exit_on_config_error, print_result, route_lightning_logs
 from volt.data.downloads import DataNotFoundError
-from volt.run_records import write_metrics
+from volt.errors import ConfigError
+from volt.runs.records import write_metrics
 
 log = logging.getLogger("volt")
 

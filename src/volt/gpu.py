@@ -3,11 +3,6 @@
 import torch
 from torch import nn
 
-from volt.config.validation import COMPILE_MODES as _CONFIG_COMPILE_MODES
-
-COMPILE_MODES = tuple(m for m in _CONFIG_COMPILE_MODES if m is not None)
-MATMUL_PRECISIONS = ("highest", "high", "medium")
-
 
 def has_tensor_cores_for_tf32() -> bool:
     """Ampere (sm_80) and newer run float32 matmuls on TF32 tensor cores when allowed."""
@@ -36,10 +31,6 @@ def apply_compile(
     """
     if mode is None:
         return
-    if mode not in COMPILE_MODES:
-        raise ValueError(
-            f"compile.mode={mode!r} is not valid: use one of {', '.join(COMPILE_MODES)}"
-        )
     net.compile(mode=mode, fullgraph=fullgraph, dynamic=dynamic)
 
 

@@ -1,125 +1,22 @@
-"""`python train.py [overrides]`: compose the config, check it, build the objects, fit, test."""
+"""`python train.py [overrides]`: Hydra composes the config, `volt.training.train` runs it, and
+every error a user can fix ends as one line with exit status 2."""
 
-import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import hydra
-import lightning.pytorch as pl
-import torch
 from hydra.errors import InstantiationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from volt.build import TrainingObjects, build_training
 from volt.callbacks.finite_guard import NonFiniteLossError
-from volt.config import CONF_DIR
-from volt.config.hydra_callbacks import exit_on_config_error, in_multirun
-from volt.config.redaction import redacted_container
+from volt.config import CONF_DIR, in_multirun
 from volt.config.run_dirs import remove_run_dir_made_here
-from volt.config.validation import ConfigError, check_config, check_machine, check_resolves
-from volt.console import (
-    describe_setup,
-    print_config_tree,
-    print_result,
-    route_lightning_logs,
-    silence_known_warnings,
-)
+from volt.console import exit_on_config_error
 from volt.data.downloads import DataNotFoundError
-from volt.env import headline, save_device_report
-from volt.gpu import apply_matmul_precision, explain_oom
-from volt.resume import plan_resume
-from volt.run_records import (
-    log_final_hparams,
-    run_record,
-    save_resolved_config,
-    write_metrics,
-)
-from volt.strategies.ddp import ranks_end_with_run
-from volt.tuning import find_batch_size, find_learning_rate
-
-log = logging.getLogger("volt")
-
-
-class TrainingOutOfMemoryError(RuntimeError):
-    """CUDA ran out of memory; str(error) says what to change."""
-
-
-def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Everything before the objects exist: checks, records, seeds, global torch settings.
-    Returns the resolved config as plain data, which is all the helpers past this point see
-    (records, checkpoints, hparams): values read from the environment stay `${oc.env:...}` there,
-    so no secret is written; the objects are built from `cfg`, which resolves them."""
-    check_config(cfg)
-    check_resolves(cfg)
-    check_machine(cfg)
-    route_lightning_logs()
-    silence_known_warnings()
-    resolved = redacted_container(cfg)
-    save_resolved_config(resolved, run_dir)
-    print_config_tree(resolved, save_to=run_dir / "config_tree.txt")
-    if pl.utilities.rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set at import
-        report = save_device_report(run_dir)
-        log.info(headline(report))
-    matmul = apply_matmul_precision(cfg.matmul_precision)
-    log.info("float32 matmul precision: %s", matmul)
-    if cfg.seed is not None:
-        pl.seed_everything(cfg.seed, workers=True)
-    return resolved
-
-
-def fit_and_test(
-    run: TrainingObjects, test: bool, resume_from: Path | None
-) -> tuple[dict[str, float], str]:
-    """Fit (continuing from `resume_from` if given), then test the best checkpoint (or the final
-    weights when none was kept)."""
-    try:
-        run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
-    except torch.OutOfMemoryError as error:
-        device = run.trainer.strategy.root_device
-        raise TrainingOutOfMemoryError(explain_oom(run.datamodule.batch_size, device)) from error
-    metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items() if k.startswith("val/")}
-    best = getattr(run.trainer.checkpoint_callback, "best_model_path", "")
-    if test and not run.trainer.interrupted:
-        results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=best or None)
-        for result in results:
-            metrics.update({k: float(v) for k, v in result.items()})
-    return metrics, best
-
-
-def train(cfg: DictConfig) -> dict[str, float]:
-    """One run; returns its final metrics (validation and test)."""
-    run_dir = Path(cfg.paths.output_dir)
-    resolved = prepare_run(cfg, run_dir)
-    # Rank 0 enforces resume=true/false; the other ranks start after it wrote run.json and
-    # would see a run that "already exists".
-    rank = pl.utilities.rank_zero_only.rank  # type: ignore[attr-defined]  # set at import
-    plan = plan_resume(run_dir, cfg.name, cfg.resume if rank == 0 else None)
-    if plan.finished is not None:
-        log.info(
-            "run %s already finished: nothing to do (pick a new name to train again)", cfg.name
-        )
-        print_result(plan.finished, run_dir)
-        return plan.finished
-    with run_record(run_dir):
-        run = build_training(cfg, resolved)
-        log.info(describe_setup(run.trainer, cfg.compile.mode))
-        if cfg.tune == "batch_size":
-            batch = find_batch_size(run.trainer, run.model, run.datamodule)
-            resolved["data"]["batch_size"] = batch  # what checkpoints and records now hold
-        elif cfg.tune == "lr":
-            lr = find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
-            resolved["model"]["optimizer"]["lr"] = lr
-        if cfg.tune:
-            save_resolved_config(resolved, run_dir)
-        with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
-            metrics, best = fit_and_test(run, cfg.test, plan.checkpoint)
-        log_final_hparams(run.trainer.loggers, resolved, metrics)
-        write_metrics(run_dir, metrics, best_checkpoint=best)
-    print_result(metrics, run_dir)
-    return metrics
+from volt.errors import ConfigError, TrainingOutOfMemoryError
+from volt.training import train
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

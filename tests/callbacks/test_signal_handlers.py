@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from volt.callbacks.finite_guard import FiniteGuard, NonFiniteLossError
-from volt.callbacks.graceful_shutdown import GracefulShutdown, TrainingInterrupted
+from volt.callbacks.graceful_shutdown import GracefulShutdown
 from volt.config import PROJECT_ROOT
+from volt.errors import TrainingInterrupted
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

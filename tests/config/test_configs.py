@@ -10,7 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 from volt.build import build_training
 from volt.config import CONF_DIR
 from volt.config.keys import check_target_arguments
-from volt.config.validation import ConfigError, check_config, check_resolves
+from volt.config.validation import check_config, check_resolves
+from volt.errors import ConfigError
 
 GROUPS = (
     "data",

@@ -70,7 +70,7 @@ def test_module_entry_reads_the_working_directory(clone: Path) -> None:
 
 
 def test_processes_volt_starts_follow_the_variable(clone: Path) -> None:
-    """A DDP rank (`python -m volt.strategies.rank_entry`) or a submitit job inherits the
+    """A DDP rank (`python -m volt.rank`) or a submitit job inherits the
     variable its parent set at import, and uses it even where it starts in another project."""
     probe = "from volt.config import PROJECT_ROOT; print(PROJECT_ROOT)"
     result = run(["-c", probe], PROJECT_ROOT, str(clone))

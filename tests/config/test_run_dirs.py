@@ -6,8 +6,8 @@ import pytest
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from volt.config.errors import ConfigError
 from volt.config.run_dirs import check_run_dir, note_new_run_dir, remove_run_dir_made_here
+from volt.errors import ConfigError
 
 
 def sweep_config(outputs: Path, task: list[str], params: dict[str, str]) -> DictConfig:

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from volt.config import CONF_DIR
 from volt.config.targets import check_stored_config, check_targets
-from volt.config.validation import ConfigError
+from volt.errors import ConfigError
 
 
 def shipped_targets() -> list[str]:

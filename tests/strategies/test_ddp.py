@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from volt.strategies.ddp import reserve_rendezvous_port
+from volt.strategies.launcher import reserve_rendezvous_port
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from volt.config import PROJECT_ROOT
-from volt.strategies.ddp import CRASHED_RANK_EXIT_S, RANK_ZERO_GRACE_S
+from volt.strategies.launcher import CRASHED_RANK_EXIT_S, RANK_ZERO_GRACE_S
 
 PROBES = "tests.strategies.rank_probes"
 CPU_DDP = [

@@ -1,11 +1,11 @@
-from pathlib import Path
+"""The run's config in every checkpoint, so `volt.eval` can rebuild the run from the file."""
+
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 
-CHECKPOINT_KEY = "volt_config"
+from volt.checkpointing import CHECKPOINT_KEY
 
 
 class ConfigInCheckpoint(Callback):
@@ -18,16 +18,3 @@ class ConfigInCheckpoint(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         checkpoint[CHECKPOINT_KEY] = self.config
-
-
-def read_stored_config(path: Path) -> dict[str, Any]:
-    """The config a volt checkpoint was trained with, as plain data. Loaded with weights_only=True:
-    a pickled object in the file is refused, not run. Tensors go to the meta device: the file is
-    parsed whole, but no weight is read (eval reads the config several times before testing).
-
-    The config is still data from a file: check it (`volt.config.targets.check_stored_config`)
-    before building anything from it."""
-    checkpoint = torch.load(path, map_location="meta", weights_only=True)
-    if CHECKPOINT_KEY not in checkpoint:
-        raise KeyError(f"{path} holds no '{CHECKPOINT_KEY}': it was not written by volt's training")
-    return checkpoint[CHECKPOINT_KEY]

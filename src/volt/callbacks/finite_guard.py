@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.optim import Optimizer
 
-from volt.strategies.collectives import VerdictOfAllRanksError, all_reduce_queued
+from volt.collectives import all_reduce_queued
+from volt.errors import VerdictOfAllRanksError
 
 FIXES = (
     "lower model.optimizer.lr, use gradient clipping trainer.gradient_clip_val=1.0,"

@@ -17,28 +17,12 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from volt.strategies.collectives import all_reduce_queued
+from volt.collectives import all_reduce_queued
+from volt.errors import TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class TrainingInterrupted(SystemExit):
-    """Training stopped on a signal after saving `checkpoint`; the process exits 128 + signum.
-
-    A `SystemExit` so that nothing between the callback and the interpreter has to know about
-    it, and the exit status follows the shell's convention for a job ended by that signal
-    (143 for SIGTERM, 130 for SIGINT): schedulers and scripts see that it did not finish.
-    """
-
-    def __init__(self, signum: int, checkpoint: Path) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-        self.checkpoint = checkpoint
-
-    def __str__(self) -> str:  # SystemExit's own is just the exit status
-        return f"stopped on {signal.Signals(self.signum).name}; saved {self.checkpoint}"
 
 
 class GracefulShutdown(Callback):

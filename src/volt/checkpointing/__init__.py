@@ -5,5 +5,12 @@ from volt.checkpointing.atomic_io import (
     CheckpointLoadError,
     find_latest_valid_checkpoint,
 )
+from volt.checkpointing.stored_config import CHECKPOINT_KEY, read_stored_config
 
-__all__ = ["AtomicCheckpointIO", "CheckpointLoadError", "find_latest_valid_checkpoint"]
+__all__ = [
+    "CHECKPOINT_KEY",
+    "AtomicCheckpointIO",
+    "CheckpointLoadError",
+    "find_latest_valid_checkpoint",
+    "read_stored_config",
+]

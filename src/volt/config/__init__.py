@@ -7,9 +7,11 @@ import sys
 from functools import cache
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from volt.strategies.torchrun import launched_by_torchrun, stamp_of_rank_zero
+from volt.config.torchrun import launched_by_torchrun, stamp_of_rank_zero
 
 # Processes a volt process starts (DDP ranks, submitit jobs) read the project from here, so they
 # use the conf/ and outputs/ of the process that started them whatever their own script and
@@ -98,3 +100,7 @@ OmegaConf.register_new_resolver(
 )
 OmegaConf.register_new_resolver("volt.devices_per_node", devices_per_node, replace=True)
 OmegaConf.register_new_resolver("volt.rank_log_suffix", rank_log_suffix, replace=True)
+
+
+def in_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

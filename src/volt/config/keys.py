@@ -19,9 +19,9 @@ from hydra.core.override_parser.types import Override
 from hydra.types import RunMode
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from volt.config.errors import ConfigError
 from volt.config.redaction import typed_overrides
 from volt.config.targets import check_targets
+from volt.errors import ConfigError
 
 TARGET = "_target_"
 HYDRA_KEYS = (TARGET, "_partial_", "_args_", "_recursive_", "_convert_")

@@ -8,7 +8,7 @@ from typing import Any
 from lightning.pytorch.accelerators import AcceleratorRegistry
 from omegaconf import DictConfig, OmegaConf
 
-from volt.config.errors import ConfigError
+from volt.errors import ConfigError
 
 
 def check_trainer_flags(cfg: DictConfig) -> None:

@@ -18,7 +18,7 @@ from hydra.core.override_parser.types import QuotedString
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from volt.config.validation import ConfigError
+from volt.errors import ConfigError
 
 KeyPath = tuple[str | int, ...]
 

@@ -17,7 +17,7 @@ from hydra.core.override_parser.types import Override, ValueType
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from volt.config.errors import ConfigError
+from volt.errors import ConfigError
 
 # What note_new_run_dir saw: the run directory, and the outermost of it and its parents that did
 # not exist. A module's state because Hydra's callback and the task function share nothing else.

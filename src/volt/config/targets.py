@@ -16,7 +16,7 @@ from typing import Any
 from hydra._internal.utils import _locate
 from omegaconf import OmegaConf
 
-from volt.config.errors import ConfigError
+from volt.errors import ConfigError
 
 TARGET_KEY = "_target_"
 # Packages (every public class and function in them) or single names. Matched at dots:

@@ -7,7 +7,6 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from volt.config.errors import ConfigError
 from volt.config.lightning_flags import check_trainer_flags
 from volt.config.rules import (
     LOADER_RULES,
@@ -19,6 +18,7 @@ from volt.config.rules import (
     one_of,
     path_part,
 )
+from volt.errors import ConfigError
 
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
@@ -189,7 +189,7 @@ def _check_adam_eps_in_fp16(cfg: DictConfig) -> None:
 def check_checkpoint(cfg: DictConfig) -> None:
     """An eval's ckpt_path is a checkpoint volt wrote: it loads with weights_only and holds the
     run's config (a damaged or foreign file is named, not met later as a traceback)."""
-    from volt.callbacks.config_in_checkpoint import read_stored_config
+    from volt.checkpointing import read_stored_config
 
     try:
         read_stored_config(Path(cfg.ckpt_path))

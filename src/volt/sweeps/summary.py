@@ -8,7 +8,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from volt.run_records import METRICS_FILE
+from volt.runs import METRICS_FILE
 
 
 def collect_jobs(sweep_dir: Path) -> list[dict[str, str]]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from volt.checkpointing import find_latest_valid_checkpoint
-from volt.config.validation import ConfigError
-from volt.run_records import METRICS_FILE
+from volt.errors import ConfigError
+from volt.runs.records import METRICS_FILE
 
 log = logging.getLogger("volt")
 # Overrides (keys or key prefixes) that may change between attempts of one named run without

@@ -19,13 +19,13 @@ import torch
 
 from tests.test_bad_inputs import snapshot
 from volt.config import PROJECT_ROOT
-from volt.run_lock import LOCK_FILE, RunLockedError, lock_run_dir
+from volt.runs.lock import LOCK_FILE, RunLockedError, lock_run_dir
 
 # Takes the lock of argv[1] and holds it until its stdin closes, or says why it could not.
 TRY_LOCK = """
 import sys
 from pathlib import Path
-from volt.run_lock import RunLockedError, lock_run_dir
+from volt.runs.lock import RunLockedError, lock_run_dir
 try:
     lock = lock_run_dir(Path(sys.argv[1]))  # held while the object lives
 except RunLockedError as error:
@@ -143,8 +143,8 @@ def test_without_file_locks_the_run_goes_on_after_a_warning(
     def refuse(*args: object) -> None:
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
-    monkeypatch.setattr("volt.run_lock.fcntl.flock", refuse)
-    with caplog.at_level(logging.WARNING, logger="volt.run_lock"):
+    monkeypatch.setattr("volt.runs.lock.fcntl.flock", refuse)
+    with caplog.at_level(logging.WARNING, logger="volt.runs.lock"):
         assert lock_run_dir(tmp_path / "x") is None
     assert "without file locks (No locks available): this run is not locked" in caplog.text
 

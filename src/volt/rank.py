@@ -1,4 +1,4 @@
-"""`python -m volt.strategies.rank_entry CONFIG RANK [TRUSTED ...]`: one extra rank of a DDP run.
+"""`python -m volt.rank CONFIG RANK [TRUSTED ...]`: one extra rank of a DDP run.
 
 The launcher in `volt.strategies.ddp` starts it with Lightning's variables set (LOCAL_RANK,
 NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). CONFIG is the run's resolved config, so this
@@ -14,12 +14,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from volt.callbacks.graceful_shutdown import TrainingInterrupted
-from volt.config.errors import ConfigError
-from volt.config.hydra_callbacks import exit_on_config_error
 from volt.config.targets import check_stored_config
-from volt.strategies.ddp import rank_log_file
-from volt.train import train
+from volt.console import exit_on_config_error
+from volt.errors import ConfigError, TrainingInterrupted
+from volt.strategies.launcher import rank_log_file
+from volt.training import train
 
 log = logging.getLogger("volt")
 

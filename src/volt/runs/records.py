@@ -17,8 +17,8 @@ import yaml
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from volt.callbacks.graceful_shutdown import TrainingInterrupted
 from volt.config import PROJECT_ROOT
+from volt.errors import TrainingInterrupted
 
 HPARAM_GROUPS = ("data", "model", "trainer", "compile", "precision", "seed")
 METRICS_FILE = "metrics.json"

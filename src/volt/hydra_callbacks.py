@@ -4,57 +4,30 @@ summarise a sweep at its end."""
 import functools
 import logging
 import os
-import re
-import sys
-import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import InstantiationException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from volt.callbacks.config_in_checkpoint import read_stored_config
+from volt.checkpointing import read_stored_config
+from volt.config import in_multirun
 from volt.config.keys import check_added_keys, check_target_arguments
 from volt.config.redaction import refuse_literal_secrets, typed_overrides
 from volt.config.run_dirs import check_run_dir, note_new_run_dir
 from volt.config.targets import check_stored_config
-from volt.config.validation import ConfigError, check_checkpoint, check_config, check_machine
-from volt.resume import check_same_run
-from volt.run_lock import RunLock, RunLockedError, lock_run_dir
-from volt.run_records import record_failure
+from volt.config.validation import check_checkpoint, check_config, check_machine
+from volt.console import exit_on_config_error
+from volt.errors import ConfigError
+from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
+from volt.runs.records import record_failure
+from volt.runs.resume import check_same_run
 from volt.sweeps.summary import print_sweep_summary, write_sweep_summary
 
 log = logging.getLogger(__name__)
-
-
-def exit_on_config_error(error: Exception) -> NoReturn:
-    """One line, exit status 2; VOLT_TRACEBACK=1 prints the traceback before it. Never re-raised:
-    inside a Hydra callback that would become a warning, and the run would go on."""
-    if os.environ.get("VOLT_TRACEBACK"):
-        traceback.print_exception(error)
-    kind = "config error" if isinstance(error, ConfigError) else "error"
-    print(f"volt: {kind}: {one_line(error)}", file=sys.stderr)
-    sys.exit(2)
-
-
-def one_line(error: Exception) -> str:
-    """The message of `error` on one line; for a constructor that refused its arguments, the key
-    of its section, the callable, and its own error, without Hydra's wrapping."""
-    if isinstance(error, InstantiationException) and error.__cause__ is not None:
-        cause, text = error.__cause__, str(error)
-        key = re.search(r"full_key: (\S+)", text)
-        target = re.search(r"'([^']+)'", text)
-        where = f"{key.group(1)}: " if key else ""
-        what = f"{target.group(1)} refused its arguments: " if target else ""
-        return " ".join(f"{where}{what}{type(cause).__name__}: {cause}".split())
-    # volt's own errors are written for the user; another's needs its type to make sense.
-    own = type(error).__module__.startswith(__name__.split(".")[0] + ".")
-    return " ".join((str(error) if own else f"{type(error).__name__}: {error}").split())
 
 
 def _exits_on_error(hook: Callable[..., None]) -> Callable[..., None]:
@@ -71,17 +44,13 @@ def _exits_on_error(hook: Callable[..., None]) -> Callable[..., None]:
     return guarded
 
 
-def in_multirun() -> bool:
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
 def owns_run_dir() -> bool:
     """Only rank 0 locks: under torchrun and srun every rank runs Hydra in one run directory."""
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0
 
 
 def hold_run_dir(directory: Path) -> RunLock | None:
-    """Lock `directory` for this process (see volt.run_lock); while another holds it: one line,
+    """Lock `directory` for this process (see volt.runs.lock); while another holds it: one line,
     exit status 2, nothing written. Taken before Hydra writes into the directory."""
     if not owns_run_dir():
         return None

@@ -12,14 +12,6 @@ from torch import Tensor
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-class VerdictOfAllRanksError(RuntimeError):
-    """Raised on every rank at the same step, from a verdict the ranks all-reduced.
-
-    Each rank fails with it, so another rank's failure is no news beside it: volt's DDP
-    launcher reports rank 0's error alone instead of blaming the rank that exited first.
-    """
-
-
 def all_reduce_queued(tensor: Tensor, op: str) -> Tensor:
     """`tensor` reduced in place over all ranks with `op` ("sum" or "max"); itself if one rank."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

@@ -1,0 +1,42 @@
+"""volt's own exceptions: a leaf, so whichever module detects a problem can raise it and
+whichever module reports it can catch it, without importing each other."""
+
+import signal
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A config value volt cannot run with; str(error) is the whole message for the user."""
+
+
+class TrainingInterrupted(SystemExit):
+    """Training stopped on a signal after saving `checkpoint`; the process exits 128 + signum.
+
+    A `SystemExit` so that nothing between the callback and the interpreter has to know about
+    it, and the exit status follows the shell's convention for a job ended by that signal
+    (143 for SIGTERM, 130 for SIGINT): schedulers and scripts see that it did not finish.
+    """
+
+    def __init__(self, signum: int, checkpoint: Path) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.checkpoint = checkpoint
+
+    def __str__(self) -> str:  # SystemExit's own is just the exit status
+        return f"stopped on {signal.Signals(self.signum).name}; saved {self.checkpoint}"
+
+
+class VerdictOfAllRanksError(RuntimeError):
+    """Raised on every rank at the same step, from a verdict the ranks all-reduced.
+
+    Each rank fails with it, so another rank's failure is no news beside it: volt's DDP
+    launcher reports rank 0's error alone instead of blaming the rank that exited first.
+    """
+
+
+class RankFailedError(RuntimeError):
+    """Another rank of the run exited with an error; its own traceback is in its log."""
+
+
+class TrainingOutOfMemoryError(RuntimeError):
+    """CUDA ran out of memory during training; str(error) says what to change."""

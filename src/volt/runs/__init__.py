@@ -1,0 +1,28 @@
+"""A run's directory over its life: the records it leaves (records), one writer at a time (lock),
+and continuing a named run where it stopped (resume)."""
+
+from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
+from volt.runs.records import (
+    METRICS_FILE,
+    log_final_hparams,
+    record_failure,
+    run_record,
+    save_resolved_config,
+    write_metrics,
+)
+from volt.runs.resume import ResumePlan, check_same_run, plan_resume
+
+__all__ = [
+    "METRICS_FILE",
+    "ResumePlan",
+    "RunLock",
+    "RunLockedError",
+    "check_same_run",
+    "lock_run_dir",
+    "log_final_hparams",
+    "plan_resume",
+    "record_failure",
+    "run_record",
+    "save_resolved_config",
+    "write_metrics",
+]
