@@ -1,37 +1,58 @@
-"""The one place where configs become objects. Everything past this module takes typed arguments."""
+"""The one place where configs become objects. Everything past this module takes typed arguments.
 
-from collections.abc import Sequence
+The contract with a task: `data` is any LightningDataModule `_target_`, `model` any
+LightningModule `_target_`. What volt reads beyond that is declared in `task` (conf/task/) and read
+here only: model arguments taken from the data module (`task.from_data`), the submodule that
+compile and channels_last act on (`task.module`), and the watched metric (`task.watch`, used by
+the callback configs through interpolation).
+
+The toggles act on the built module here, in one documented order (`apply_toggles`):
+channels_last -> the SyncBatchNorm choice -> compile; Lightning then distributes at fit.
+"""
+
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import (
-    Callback,
-    LearningRateMonitor,
-    ModelCheckpoint,
-    RichProgressBar,
-)
-from lightning.pytorch.loggers import CSVLogger, Logger
-from omegaconf import DictConfig
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.plugins.io import CheckpointIO
+from omegaconf import DictConfig, OmegaConf, open_dict
+from torch import nn
 
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
+from volt.callbacks.prediction_writer import CSVPredictionWriter
 from volt.callbacks.rng_state import RNGStateInCheckpoint
 from volt.checkpointing import AtomicCheckpointIO
 from volt.config.targets import check_stored_config, check_targets
-from volt.data.classification import ImageClassificationDataModule
+from volt.errors import ConfigError
 from volt.gpu import apply_compile
-from volt.models.classifier import Classifier
+from volt.strategies.sync_batchnorm import SyncBatchNormLayers
+
+# The task of checkpoints written before conf/task/ existed (volt before 2026-11-23): what
+# build_model then passed every model. Delete once such checkpoints need not be evaluated.
+CLASSIFICATION_BEFORE_TASKS = {
+    "from_data": {
+        "net.in_shape": "input_shape",
+        "net.num_classes": "num_classes",
+        "num_classes": "num_classes",
+    },
+    "module": "net",
+}
 
 
 @dataclass
 class TrainingObjects:
-    datamodule: ImageClassificationDataModule
-    model: Classifier
+    datamodule: pl.LightningDataModule
+    model: pl.LightningModule
     trainer: pl.Trainer
 
 
-def instantiate_checked(node: DictConfig, trusted: Sequence[str], **kwargs: Any) -> Any:
+def instantiate_checked(node: Any, trusted: Sequence[str], **kwargs: Any) -> Any:
     """Hydra's instantiate, once every callable `node` names is allowed (`volt.config.targets`):
     every object volt builds from a config comes through here."""
     check_targets(node, trusted)
@@ -40,18 +61,77 @@ def instantiate_checked(node: DictConfig, trusted: Sequence[str], **kwargs: Any)
 
 def build_datamodule(
     data: DictConfig, trusted: Sequence[str] = (), **overrides: Any
-) -> ImageClassificationDataModule:
+) -> pl.LightningDataModule:
     return instantiate_checked(data, trusted, **overrides)
 
 
+def arguments_from_data(
+    from_data: Mapping[str, str], datamodule: pl.LightningDataModule
+) -> dict[str, Any]:
+    """{"net.in_shape": "input_shape"} -> {"net.in_shape": datamodule.input_shape}: what one model
+    config needs to fit every data set (shapes, class counts, vocabulary sizes)."""
+    values = {}
+    for key, attribute in from_data.items():
+        if not hasattr(datamodule, attribute):
+            raise ConfigError(
+                f"task.from_data.{key}={attribute!r}: {type(datamodule).__name__} has no attribute"
+                f" {attribute!r}: drop the entry (task=plain has none), or give the data module"
+                " that attribute"
+            )
+        value = getattr(datamodule, attribute)
+        values[key] = list(value) if isinstance(value, tuple) else value
+    return values
+
+
 def build_model(
-    model: DictConfig, datamodule: ImageClassificationDataModule, trusted: Sequence[str] = ()
-) -> Classifier:
-    # Shapes come from the data module, not the config: one model config fits every data set.
-    net = instantiate_checked(
-        model.net, trusted, in_shape=datamodule.input_shape, num_classes=datamodule.num_classes
-    )
-    return instantiate_checked(model, trusted, net=net, num_classes=datamodule.num_classes)
+    model: DictConfig,
+    datamodule: pl.LightningDataModule,
+    from_data: Mapping[str, str],
+    trusted: Sequence[str] = (),
+) -> pl.LightningModule:
+    """The LightningModule, its nested parts (a net, optimiser partials) built by Hydra, with the
+    arguments `from_data` names filled in from the data module."""
+    model = copy.deepcopy(model)
+    with open_dict(model):
+        for key, value in arguments_from_data(from_data, datamodule).items():
+            OmegaConf.update(model, key, value, force_add=True)
+    return instantiate_checked(model, trusted)
+
+
+def toggled_module(model: pl.LightningModule, path: str | None) -> nn.Module:
+    """The part of `model` that compile and channels_last act on: `task.module` (e.g. `net`), or
+    the whole LightningModule."""
+    if not path:
+        return model
+    module: Any = model
+    try:
+        for part in path.split("."):
+            module = getattr(module, part)
+    except AttributeError as error:
+        raise ConfigError(
+            f"task.module={path!r}: {type(model).__name__} has no submodule {path!r}: set"
+            " task.module=null to compile the whole LightningModule"
+        ) from error
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"task.module={path!r} is a {type(module).__name__}, not an nn.Module")
+    return module
+
+
+def apply_toggles(cfg: DictConfig, model: pl.LightningModule) -> list[Any]:
+    """channels_last -> SyncBatchNorm choice -> compile, each in this one place; returns the
+    Trainer plugins the choices need (Lightning distributes at fit, after these)."""
+    module = toggled_module(model, cfg.task.module)
+    if cfg.get("channels_last"):
+        # NHWC weights: convolutions on tensor cores run without transposes; an NCHW input is
+        # converted by the first convolution.
+        module.to(memory_format=torch.channels_last)
+    plugins: list[Any] = []
+    if OmegaConf.select(cfg, "trainer.sync_batchnorm"):
+        # volt's SyncBatchNorm instead of Lightning's (torch's layer waits on the host at every
+        # BatchNorm: volt.strategies.sync_batchnorm); Lightning converts the layers at setup.
+        plugins.append(SyncBatchNormLayers())
+    apply_compile(module, cfg.compile.mode, cfg.compile.fullgraph, cfg.compile.dynamic)
+    return plugins
 
 
 def build_callbacks(callbacks: DictConfig | None, trusted: Sequence[str]) -> list[Callback]:
@@ -67,29 +147,37 @@ def build_loggers(loggers: DictConfig | None, trusted: Sequence[str]) -> list[Lo
     return [instantiate_checked(c, trusted) for c in loggers.values() if c is not None]
 
 
-def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:
-    """Data and model as the checkpoint's run had them; trainer, batch size and root from `cfg`.
-
-    `stored` comes from a file someone may have handed over: it is checked as a whole first (full
-    key names in the message, nothing built yet), against this command's trusted_targets only,
-    never the list the checkpoint carries."""
-    trusted = cfg.trusted_targets
-    check_stored_config(stored, trusted)
-    overrides = {k: v for k, v in (("batch_size", cfg.batch_size), ("root", cfg.data_root)) if v}
-    datamodule = build_datamodule(stored.data, trusted, **overrides)
-    model = build_model(stored.model, datamodule, trusted)
-    trainer = pl.Trainer(
-        accelerator=cfg.accelerator,
-        devices=1,
-        precision=cfg.precision or stored.precision,
-        logger=CSVLogger(cfg.paths.output_dir, name="csv", version=""),
-        callbacks=[RichProgressBar(leave=False)],
-        # test(ckpt_path=...) loads through it: weights_only=True, whatever Lightning's default
-        plugins=[AtomicCheckpointIO()],
-        enable_checkpointing=False,
-        default_root_dir=cfg.paths.output_dir,
+def build_trainer(
+    cfg: DictConfig,
+    trusted: Sequence[str],
+    extra_callbacks: Sequence[Callback],
+    plugins: list[Any],
+) -> pl.Trainer:
+    """The Trainer of `cfg.trainer` with `cfg.callbacks` and `cfg.logger`, for training and
+    evaluation alike. What volt adds is merged with what the config gives, never written over it."""
+    callbacks = build_callbacks(cfg.get("callbacks"), trusted) + list(extra_callbacks)
+    loggers = build_loggers(cfg.get("logger"), trusted)
+    if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
+        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
+    trainer_cfg = copy.deepcopy(cfg.trainer)
+    with open_dict(trainer_cfg):
+        given = trainer_cfg.pop("plugins", None) or []
+        given = [instantiate_checked(p, trusted) if OmegaConf.is_config(p) else p for p in given]
+        if OmegaConf.select(cfg, "trainer.sync_batchnorm"):
+            trainer_cfg.sync_batchnorm = False  # volt's layers come as a plugin (apply_toggles)
+        # Checkpoints through a temporary file and a rename (a kill never leaves a torn one),
+        # loaded with weights_only=True; a CheckpointIO of the user's own is kept instead.
+        if not any(isinstance(p, CheckpointIO) for p in given):
+            plugins = [*plugins, AtomicCheckpointIO()]
+        if trainer_cfg.get("enable_checkpointing") is None:
+            # Without volt's checkpoint callbacks (callbacks=none) Lightning would add its own,
+            # writing where neither resume nor eval looks.
+            trainer_cfg.enable_checkpointing = any(
+                isinstance(c, ModelCheckpoint) for c in callbacks
+            )
+    return instantiate_checked(
+        trainer_cfg, trusted, callbacks=callbacks, logger=loggers or False, plugins=given + plugins
     )
-    return TrainingObjects(datamodule, model, trainer)
 
 
 def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects:
@@ -99,25 +187,44 @@ def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects
     # The whole config at once: full key names in the message, and nothing built before it.
     check_targets(cfg, trusted)
     datamodule = build_datamodule(cfg.data, trusted)
-    model = build_model(cfg.model, datamodule, trusted)
-    apply_compile(model.net, cfg.compile.mode, cfg.compile.fullgraph, cfg.compile.dynamic)
-    callbacks = build_callbacks(cfg.get("callbacks"), trusted)
-    # Store the resolved config in every checkpoint: `volt.eval` rebuilds the run from it alone.
-    callbacks.append(ConfigInCheckpoint(resolved))
-    # ...and the random generators' states, so a resumed run draws what an unbroken one would.
-    callbacks.append(RNGStateInCheckpoint())
-    loggers = build_loggers(cfg.get("logger"), trusted)
-    if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
-        callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    # Checkpoints are written to a temporary file and renamed: a kill never leaves a torn one.
-    trainer: pl.Trainer = instantiate_checked(
-        cfg.trainer,
-        trusted,
-        callbacks=callbacks,
-        logger=loggers or False,
-        plugins=[AtomicCheckpointIO()],
-        # Without volt's checkpoint callbacks (callbacks=none) Lightning would add its own,
-        # writing where neither resume nor eval looks.
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+    model = build_model(cfg.model, datamodule, cfg.task.from_data, trusted)
+    plugins = apply_toggles(cfg, model)
+    # The resolved config in every checkpoint (`volt.eval` rebuilds the run from it alone), and
+    # the random generators' states, so a resumed run draws what an unbroken one would.
+    extra = [ConfigInCheckpoint(resolved), RNGStateInCheckpoint()]
+    return TrainingObjects(datamodule, model, build_trainer(cfg, trusted, extra, plugins))
+
+
+def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:
+    """Data, model and task as the checkpoint's run had them (the data replaced by `cfg.data` when
+    the command names one, to predict on new data); trainer, callbacks, loggers, precision and
+    compile from `cfg`, through the same functions as training.
+
+    `stored` comes from a file someone may have handed over: it is checked as a whole first (full
+    key names in the message, nothing built yet), against this command's trusted_targets only,
+    never the list the checkpoint carries."""
+    trusted = cfg.trusted_targets
+    check_stored_config(stored, trusted)
+    task = stored.get("task") or OmegaConf.create(CLASSIFICATION_BEFORE_TASKS)
+    stored = copy.deepcopy(stored)
+    with open_dict(stored):
+        # Before 2026-11-23 channels_last was an argument of volt's Classifier.
+        channels_last = stored.model.pop("channels_last", False) or stored.get("channels_last")
+    data = cfg.data if cfg.get("data") is not None else stored.data
+    overrides = {k: v for k, v in (("batch_size", cfg.batch_size), ("root", cfg.data_root)) if v}
+    datamodule = build_datamodule(data, trusted, **overrides)
+    model = build_model(stored.model, datamodule, task.from_data, trusted)
+    toggles = OmegaConf.create(
+        {
+            "task": task,
+            "compile": cfg.compile,
+            "channels_last": bool(channels_last),
+            "trainer": {"sync_batchnorm": False},  # one process: nothing to synchronise
+        }
     )
-    return TrainingObjects(datamodule, model, trainer)
+    plugins = apply_toggles(toggles, model)
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.trainer.precision = cfg.precision or stored.precision  # null: as trained
+    writer = [CSVPredictionWriter(cfg.paths.output_dir)] if cfg.mode == "predict" else []
+    return TrainingObjects(datamodule, model, build_trainer(cfg, trusted, writer, plugins))

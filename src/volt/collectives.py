@@ -4,6 +4,9 @@ Lightning's `strategy.reduce` runs a `barrier()` before its all-reduce, and NCCL
 blocks the CPU until the GPU has finished all the work queued so far. Called once per step, that
 keeps the CPU from queueing the next step ahead of the GPU. `all_reduce` alone is only queued on
 the GPU's stream: the host reads the result later, when it needs it.
+
+Seen with Lightning 2.4-2.6.6 (`DDPStrategy.reduce`). Replace `all_reduce_queued` with the
+strategy's own reduce when Lightning offers one without a barrier.
 """
 
 import torch.distributed as dist

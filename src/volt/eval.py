@@ -1,11 +1,9 @@
 """`python -m volt.eval ckpt_path=...`: rebuild a run from its checkpoint and test or predict."""
 
-import csv
 import logging
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,33 +27,25 @@ def load_run_config(ckpt_path: str) -> DictConfig:
         raise ConfigError(f"ckpt_path={ckpt_path!r} cannot be used: {error}") from error
 
 
-def write_predictions(batches: list[dict[str, torch.Tensor]], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["index", "prediction", "probability", "target"])
-        index = 0
-        for batch in batches:
-            for pred, prob, target in zip(
-                batch["pred"], batch["prob"], batch["target"], strict=True
-            ):
-                writer.writerow([index, int(pred), f"{float(prob):.6f}", int(target)])
-                index += 1
-
-
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_config(cfg)
     check_machine(cfg)
     stored = load_run_config(cfg.ckpt_path)
     route_lightning_logs()
     run = build_evaluation(cfg, stored)
-    log.info(describe_setup(run.trainer, None))
+    log.info(describe_setup(run.trainer, cfg.compile.mode))
     metrics: dict[str, float] = {}
-    for result in run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path):
-        metrics.update({k: float(v) for k, v in result.items()})
+    # New data named on the command line may have no labels: it is predicted on, not tested.
+    if cfg.mode == "test" or cfg.get("data") is None:
+        results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path)
+        for result in results:
+            metrics.update({k: float(v) for k, v in result.items()})
     run_dir = Path(cfg.paths.output_dir)
     if cfg.mode == "predict":
-        batches = run.trainer.predict(run.model, datamodule=run.datamodule)
-        write_predictions(batches, run_dir / "predictions.csv")  # type: ignore[arg-type]
+        # Written batch by batch by the CSVPredictionWriter that build_evaluation added.
+        run.trainer.predict(
+            run.model, datamodule=run.datamodule, ckpt_path=cfg.ckpt_path, return_predictions=False
+        )
         log.info("predictions written to %s", run_dir / "predictions.csv")
     write_metrics(run_dir, metrics, checkpoint=str(Path(cfg.ckpt_path).resolve()))
     print_result(metrics, run_dir)

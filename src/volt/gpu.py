@@ -34,15 +34,16 @@ def apply_compile(
     net.compile(mode=mode, fullgraph=fullgraph, dynamic=dynamic)
 
 
-def explain_oom(batch_size: int, device: torch.device) -> str:
-    """One paragraph for a CUDA out-of-memory during training: the numbers and what to change."""
+def explain_oom(batch_size: int | None, device: torch.device) -> str:
+    """One paragraph for a CUDA out-of-memory during training: the numbers and what to change
+    (`batch_size`: the data module's, when it has one)."""
     gib = 1024**3
     peak = torch.cuda.max_memory_allocated(device) / gib
     total = torch.cuda.get_device_properties(device).total_memory / gib
+    smaller = f"data.batch_size={max(1, batch_size // 2)}" if batch_size else "a smaller one"
     return (
         f"CUDA out of memory on {device} with data.batch_size={batch_size}: peak {peak:.1f} GiB "
-        f"allocated of {total:.1f} GiB. Try a smaller batch "
-        f"(data.batch_size={max(1, batch_size // 2)}), "
+        f"allocated of {total:.1f} GiB. Try a smaller batch ({smaller}), "
         "mixed precision (precision=bf16-mixed or 16-mixed), or let volt find the largest batch "
         "that fits (tune=batch_size)."
     )

@@ -113,7 +113,8 @@ class VoltCallback(Callback):
 
     @_exits_on_error
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        print_sweep_summary(Path(config.hydra.sweep.dir), str(config.get("optimized_metric")))
+        watch = OmegaConf.select(config, "task.watch", default=None)
+        print_sweep_summary(Path(config.hydra.sweep.dir), f"{watch}_best" if watch else None)
         if self._dir_lock is not None:
             self._dir_lock.release()
 
@@ -136,6 +137,7 @@ class VoltCallback(Callback):
                 check_stored_config(stored, config.trusted_targets)
             elif config.get("name") and not multirun:
                 run_dir = Path(config.hydra.run.dir)
-                check_same_run(run_dir, config.name, typed_overrides(config))
+                neutral = config.hydra.job.config.override_dirname.exclude_keys
+                check_same_run(run_dir, config.name, typed_overrides(config), list(neutral))
         except ConfigError as error:
             exit_on_config_error(error)

@@ -38,4 +38,6 @@ def main(cfg: DictConfig) -> float | None:
         if in_multirun():
             raise
         exit_on_config_error(error)
-    return metrics.get(cfg.optimized_metric) if cfg.get("optimized_metric") else None
+    # What a sweeper optimises: the watched metric's best value, else its last.
+    watch = cfg.task.watch
+    return metrics.get(f"{watch}_best", metrics.get(watch))

@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 
 from volt.build import TrainingObjects, build_training
@@ -62,17 +63,33 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def fit_and_test(
-    run: TrainingObjects, test: bool, resume_from: Path | None
+    run: TrainingObjects, test: bool, resume_from: Path | None, watch: str
 ) -> tuple[dict[str, float], str]:
     """Fit (continuing from `resume_from` if given), then test the best checkpoint (or the final
-    weights when none was kept)."""
+    weights when none was kept). The metrics: validation's last values, the best value of the
+    watched metric as `<watch>_best` when a checkpoint callback followed it, and the test's."""
     try:
         run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
     except torch.OutOfMemoryError as error:
         device = run.trainer.strategy.root_device
-        raise TrainingOutOfMemoryError(explain_oom(run.datamodule.batch_size, device)) from error
-    metrics = {k: float(v) for k, v in run.trainer.callback_metrics.items() if k.startswith("val/")}
-    best = getattr(run.trainer.checkpoint_callback, "best_model_path", "")
+        batch_size = getattr(run.datamodule, "batch_size", None)
+        raise TrainingOutOfMemoryError(explain_oom(batch_size, device)) from error
+    metrics = {
+        k: float(v)
+        for k, v in run.trainer.callback_metrics.items()
+        if k.startswith("val/") or k == watch
+    }
+    checkpoint = run.trainer.checkpoint_callback
+    # Rank 0's: a metric logged without sync_dist differs between ranks, and with it the file
+    # name each rank formats, but only rank 0's file was written.
+    best = run.trainer.strategy.broadcast(getattr(checkpoint, "best_model_path", ""))
+    score = getattr(checkpoint, "best_model_score", None)
+    if (
+        isinstance(checkpoint, ModelCheckpoint)
+        and checkpoint.monitor == watch
+        and score is not None
+    ):
+        metrics[f"{watch}_best"] = float(score)
     if test and not run.trainer.interrupted:
         results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=best or None)
         for result in results:
@@ -106,7 +123,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if cfg.tune:
             save_resolved_config(resolved, run_dir)
         with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
-            metrics, best = fit_and_test(run, cfg.test, plan.checkpoint)
+            metrics, best = fit_and_test(run, cfg.test, plan.checkpoint, cfg.task.watch)
         log_final_hparams(run.trainer.loggers, resolved, metrics)
         write_metrics(run_dir, metrics, best_checkpoint=best)
     print_result(metrics, run_dir)

@@ -4,6 +4,14 @@ Lightning alone stops on SIGTERM with a `SIGTERMException`, a `SystemExit` with 
 process exits 0 and a scheduler records a killed job as a success; it writes no checkpoint unless
 asked to; and Ctrl+C raises KeyboardInterrupt wherever Python happens to be, even inside the
 optimizer step, after which Lightning exits 1.
+
+Why not Lightning's `OnExceptionCheckpoint` (Lightning 2.x up to 2.6.6): it saves on any
+exception, wherever it is raised, so a Ctrl+C inside the optimizer step saves a half-updated
+model, and it leaves the exit status as Lightning sets it (0 after SIGTERM). Lightning's own
+SIGTERM handling broadcasts a flag tensor across ranks after every batch
+(`_broadcast_sigterm_tensor`, a collective per step under DDP), which this callback switches off
+while it is installed. Delete this callback when Lightning stops at a step boundary on SIGTERM
+and SIGINT with a checkpoint and a non-zero exit, without a per-step collective.
 """
 
 import logging

@@ -100,6 +100,12 @@ OmegaConf.register_new_resolver(
 )
 OmegaConf.register_new_resolver("volt.devices_per_node", devices_per_node, replace=True)
 OmegaConf.register_new_resolver("volt.rank_log_suffix", rank_log_suffix, replace=True)
+# `val/acc` -> `val_acc`: a metric's name inside a file name (the best checkpoint's).
+OmegaConf.register_new_resolver("volt.slug", lambda name: str(name).replace("/", "_"), replace=True)
+# task.mode (max|min) -> an Optuna study direction.
+OmegaConf.register_new_resolver(
+    "volt.direction", lambda mode: {"max": "maximize", "min": "minimize"}[mode], replace=True
+)
 
 
 def in_multirun() -> bool:

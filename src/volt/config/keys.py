@@ -26,13 +26,22 @@ from volt.errors import ConfigError
 TARGET = "_target_"
 HYDRA_KEYS = (TARGET, "_partial_", "_args_", "_recursive_", "_convert_")
 PACKAGE = __name__.split(".")[0]
-# Arguments volt.build passes itself (keep in step with it): never missing from the config, and
-# refused in it (build's value would silently win) unless it is the section build makes it from.
-PASSED_BY_BUILD = {
-    "model": ("net", "num_classes"),
-    "model.net": ("in_shape", "num_classes"),
-    "trainer": ("callbacks", "logger", "plugins", "enable_checkpointing"),
-}
+# Arguments volt.build passes the Trainer itself (keep in step with it); the model's come from
+# the data module as `task.from_data` says (`passed_by_build`).
+TRAINER_ARGUMENTS_FROM_BUILD = ("callbacks", "logger")
+
+
+def passed_by_build(cfg: DictConfig) -> dict[str, tuple[str, ...]]:
+    """{section: arguments volt.build fills in}: never missing from the config, and refused in it
+    (build's value would silently win)."""
+    passed: dict[str, list[str]] = {"trainer": list(TRAINER_ARGUMENTS_FROM_BUILD)}
+    from_data = OmegaConf.select(cfg, "task.from_data", default=None) or {}
+    for key in from_data:
+        section, _, argument = f"model.{key}".rpartition(".")
+        passed.setdefault(section, []).append(argument)
+    return {section: tuple(arguments) for section, arguments in passed.items()}
+
+
 # Library callables whose **kwargs volt can follow: (the callable that receives them, or None;
 # names the owner reads itself). Any other library **kwargs are passed on unchecked.
 KWARGS_GO_TO = {
@@ -57,8 +66,9 @@ def check_target_arguments(cfg: DictConfig) -> None:
     """Every `_target_` section's keys against its callable: no key it does not take, none it
     needs missing (unless `_partial_`, completed later, or passed by volt.build)."""
     trusted = _trusted(cfg)
+    passed = passed_by_build(cfg)
     for path, node in _target_sections(cfg, ""):
-        _check_section(path, node, trusted)
+        _check_section(path, node, trusted, passed.get(path, ()))
 
 
 def check_added_keys(cfg: DictConfig) -> None:
@@ -153,17 +163,17 @@ def _callable(path: str, target: Any, trusted: Any) -> Any:
     return _locate(target)
 
 
-def _check_section(path: str, node: DictConfig, trusted: Any) -> None:
+def _check_section(path: str, node: DictConfig, trusted: Any, passed: tuple[str, ...]) -> None:
     target = node[TARGET]
     arguments, is_open = accepted_arguments(_callable(path, target, trusted))
     keys = [str(k) for k in node if k not in HYDRA_KEYS]
-    passed = PASSED_BY_BUILD.get(path, ())
     for key in keys:
         # model.net is the blueprint of what build passes as `net`; a plain value would be ignored.
         if key in passed and not _is_section(node._get_node(key)):
             raise ConfigError(
-                f"{path}.{key} is set by volt ({', '.join(passed)} come from volt.build, e.g. from"
-                f" the data module): remove {path}.{key} from the config"
+                f"{path}.{key} is set by volt ({', '.join(passed)} come from volt.build: the"
+                f" data module's attributes named in task.from_data, or the Trainer's callbacks"
+                f" and loggers): remove {path}.{key} from the config"
             )
         if not is_open and key not in arguments:
             raise ConfigError(

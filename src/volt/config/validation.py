@@ -29,6 +29,20 @@ TRAIN_RULES = (
     path_part("name", "name=cifar-baseline"),
     Rule("resume", one_of(None, True, False), "null, true or false", "resume=true"),
     Rule(
+        "task.watch",
+        lambda v: isinstance(v, str) and v != "",
+        "the name of a metric the LightningModule logs",
+        "task.watch=val/loss",
+    ),
+    Rule("task.mode", one_of("max", "min"), "max or min", "task.mode=min"),
+    Rule("channels_last", one_of(True, False), "true or false", "channels_last=true"),
+    Rule(
+        "task.module",
+        lambda v: v is None or ((isinstance(v, str) and v.isidentifier()) or "." in str(v)),
+        "null (the whole LightningModule) or an attribute path of it",
+        "task.module=net",
+    ),
+    Rule(
         "precision", one_of(*PRECISIONS), "one of " + ", ".join(PRECISIONS), "precision=bf16-mixed"
     ),
     Rule("seed", int_from(0, or_null=True), "a non-negative integer or null", "seed=42"),
@@ -160,12 +174,34 @@ def check_config(cfg: DictConfig) -> None:
             f"tune={tune} runs on one device only (Lightning's finders): drop tune, or find the "
             "value with trainer=gpu first and pass it on"
         )
+    _check_one_process_toggles(cfg)
     _check_adam_eps_in_fp16(cfg)
     val, test = (OmegaConf.select(cfg, f"data.{k}_fraction") for k in ("val", "test"))
     if is_number(val) and is_number(test) and val + test >= 1:
         raise ConfigError(
             f"data.val_fraction={val} and data.test_fraction={test} leave no training data: "
             "keep their sum below 1, e.g. data.val_fraction=0.15 data.test_fraction=0.15"
+        )
+
+
+def _check_one_process_toggles(cfg: DictConfig) -> None:
+    """trainer=dp runs every GPU's replica from one process: BatchNorm cannot synchronise over
+    processes, and a compiled module is bound to the root's copy of the weights."""
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else str(strategy)
+    if not target.endswith("DataParallelStrategy"):
+        return
+    if OmegaConf.select(cfg, "trainer.sync_batchnorm"):
+        raise ConfigError(
+            "trainer.sync_batchnorm=true with trainer=dp: DataParallel runs one process, so"
+            " BatchNorm has no other processes to synchronise with; use trainer=ddp, or"
+            " trainer.sync_batchnorm=false"
+        )
+    if OmegaConf.select(cfg, "compile.mode"):
+        raise ConfigError(
+            f"compile={OmegaConf.select(cfg, 'compile.mode')} with trainer=dp: DataParallel"
+            " copies the module to every GPU each step, which a compiled module does not survive;"
+            " use trainer=ddp, or compile=off"
         )
 
 

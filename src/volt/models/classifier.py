@@ -31,7 +31,6 @@ class Classifier(pl.LightningModule):
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: str = "epoch",
         label_smoothing: float = 0.0,
-        channels_last: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
@@ -39,10 +38,6 @@ class Classifier(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
-        # NHWC layout: convolutions on tensor cores run without transposes (weights and inputs).
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        if channels_last:
-            self.net.to(memory_format=torch.channels_last)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
         # validate_args=False: the argument checks read label values back to the host, a GPU sync
@@ -58,7 +53,9 @@ class Classifier(pl.LightningModule):
         self.val_acc_best.persistent(True)  # saved in checkpoints: a resumed run keeps its best
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x.contiguous(memory_format=self.memory_format))  # (B, C, H, W) -> (B, K)
+        # channels_last=true lays out the net's weights (volt.build.apply_toggles); the first
+        # convolution then converts the input itself.
+        return self.net(x)  # (B, C, H, W) -> (B, K)
 
     def on_train_start(self) -> None:
         # The sanity-check batches before training must not count towards the best accuracy

@@ -3,6 +3,7 @@ from its newest complete checkpoint instead of starting over."""
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,17 +14,6 @@ from volt.errors import ConfigError
 from volt.runs.records import METRICS_FILE
 
 log = logging.getLogger("volt")
-# Overrides (keys or key prefixes) that may change between attempts of one named run without
-# making it another run: where it runs and how it looks on screen. (trainer.max_epochs is not
-# among them: the LR schedule's length is derived from it and restored from the checkpoint.)
-RESUME_FREE = (
-    "resume",
-    "trainer.max_steps",
-    "trainer.devices",
-    "paths.",
-    "callbacks.progress_bar",
-    "callbacks.model_summary",
-)
 
 
 @dataclass(frozen=True)
@@ -32,20 +22,24 @@ class ResumePlan:
     finished: dict[str, float] | None  # the final metrics when the run already completed
 
 
-def _identity(overrides: list[str]) -> list[str]:
-    return sorted(
-        o for o in overrides if not o.split("=", 1)[0].lstrip("+~").startswith(RESUME_FREE)
-    )
+def _identity(overrides: list[str], neutral: Sequence[str]) -> list[str]:
+    def changes_the_run(override: str) -> bool:
+        key = override.split("=", 1)[0].lstrip("+~")
+        return not any(key == n or key.startswith(f"{n}.") for n in neutral)
+
+    return sorted(filter(changes_the_run, overrides))
 
 
-def check_same_run(run_dir: Path, name: str, overrides: list[str]) -> None:
+def check_same_run(run_dir: Path, name: str, overrides: list[str], neutral: Sequence[str]) -> None:
     """A named run is its overrides: refuse to continue one under different ones (before Hydra
-    rewrites anything in its directory)."""
+    rewrites anything in its directory). `neutral`: the keys (and what lies under them) that may
+    change between attempts without making it another run, the list that also keeps them out of
+    sweep job directory names (conf/hydra/default.yaml, `override_dirname.exclude_keys`)."""
     stored_file = run_dir / ".hydra" / "overrides.yaml"
     if not stored_file.is_file():
         return
-    stored = _identity(yaml.safe_load(stored_file.read_text()) or [])
-    given = _identity(overrides)
+    stored = _identity(yaml.safe_load(stored_file.read_text()) or [], neutral)
+    given = _identity(overrides, neutral)
     if stored != given:
         raise ConfigError(
             f"name={name} already exists in {run_dir} with overrides {stored}, not {given}: "

@@ -1,5 +1,6 @@
 """DDP whose extra ranks start from the run's resolved config (`volt.strategies.launcher`), with
-volt's SyncBatchNorm for `sync_batchnorm=true` and the model wrapped on the stream that trains.
+the model wrapped on the stream that trains. (`sync_batchnorm=true` is volt's SyncBatchNorm:
+`volt.build.apply_toggles` chooses it.)
 
 The launcher is volt's because Lightning's re-runs the command line (see its module docstring);
 `_setup_model` is overridden for a stream mismatch described where it happens.
@@ -10,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins import TorchSyncBatchNorm
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
@@ -18,16 +18,14 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from volt.strategies.launcher import RunConfigLauncher
-from volt.strategies.sync_batchnorm import SyncBatchNormLayers
 
 
 class DDPStrategy(LightningDDPStrategy):
     """Lightning's DDPStrategy, with ranks started from `rank_config` (see the module docstring).
 
-    `rank_config` is the run's resolved config (`volt.train.train` writes it before building the
-    Trainer). `Trainer(sync_batchnorm=True)` uses volt's SyncBatchNorm, which never makes the host
-    wait for the GPU and also runs on the CPU. Other keyword arguments go to Lightning's
-    DDPStrategy (e.g. `find_unused_parameters`).
+    `rank_config` is the run's resolved config (`volt.training.train` writes it before building
+    the Trainer). Other keyword arguments go to Lightning's DDPStrategy (e.g.
+    `find_unused_parameters`).
     """
 
     def __init__(
@@ -44,10 +42,6 @@ class DDPStrategy(LightningDDPStrategy):
         # Lightning calls this once, when the Trainer has given the strategy its devices.
         assert self.cluster_environment is not None
         self._announce_cpu()
-        if isinstance(self._layer_sync, TorchSyncBatchNorm):
-            # Set by the Trainer for sync_batchnorm=True just before this call. A LayerSync
-            # plugin of the user's own is left alone.
-            self._layer_sync = SyncBatchNormLayers(timeout=self._timeout)
         self._launcher = RunConfigLauncher(
             self.cluster_environment,
             self.num_processes,

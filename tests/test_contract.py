@@ -1,0 +1,87 @@
+"""The build contract: a LightningModule and LightningDataModule of the user's own, plain Lightning
+(tests/user_task.py), train, resume, evaluate and predict through volt's entry points with nothing
+volt-specific but their config files (tests/user_task_conf/) and `task=plain`."""
+
+import csv
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+USER_CONF = Path(__file__).parent / "user_task_conf"
+USER_TASK = [
+    f"hydra.searchpath=[file://{USER_CONF}]",  # where a user's own conf/ files would be
+    "model=line",
+    "data=line",
+    "task=plain",
+    "trusted_targets=[tests]",  # the user's package
+    "trainer.max_epochs=3",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+]
+
+
+def only(directory: Path) -> Path:
+    (child,) = directory.iterdir()
+    return child
+
+
+def test_a_plain_lightning_task_trains_evaluates_and_predicts(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    trained = run_volt([*USER_TASK, "name=line"])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "line"
+    record = json.loads((run_dir / "metrics.json").read_text())
+    metrics = record["metrics"]
+    # The watched metric (task=plain: val/loss, min) names the best checkpoint and its best value.
+    assert metrics["val/loss_best"] == min(metrics["val/loss_best"], metrics["val/loss"])
+    assert metrics["test/loss"] < 0.5  # y = 3x - 1 learnt: the variance of y is 3
+    best = Path(record["best_checkpoint"])
+    assert best.name.startswith("epoch") and "val_loss" in best.name
+    stored = torch.load(best, map_location="cpu", weights_only=True)
+    assert stored["volt_config"]["model"]["_target_"] == "tests.user_task.LineRegressor"
+
+    again = run_volt([*USER_TASK, "name=line"])  # a finished named run is not trained again
+    assert again.returncode == 0 and "already finished" in again.stdout + again.stderr
+
+    evaluated = run_volt(
+        [f"ckpt_path={best}", "trusted_targets=[tests]", "mode=predict"], module="volt.eval"
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    eval_dir = only(tmp_path / "outputs" / "eval" / "runs")
+    eval_metrics = json.loads((eval_dir / "metrics.json").read_text())["metrics"]
+    assert eval_metrics["test/loss"] == pytest.approx(metrics["test/loss"], rel=1e-6)
+    with (eval_dir / "predictions.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 128 and set(rows[0]) == {"index", "prediction"}
+    assert sorted(int(r["index"]) for r in rows) == list(range(128))
+
+
+def test_volt_refuses_a_from_data_attribute_the_data_module_lacks(run_volt: Run) -> None:
+    result = run_volt([*USER_TASK, "+task.from_data={width:num_classes}"])
+    assert result.returncode == 2
+    assert "task.from_data.width='num_classes': LineData has no attribute" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "toggles",
+    [
+        ["trainer=ddp", "trainer.devices=2"],  # two gloo processes on the CPU
+        ["trainer=cpu", "precision=bf16-mixed", "compile=default"],
+        ["trainer=cpu", "tune=batch_size"],
+    ],
+    ids=["ddp", "bf16-compiled", "tune"],
+)
+def test_a_plain_lightning_task_takes_every_toggle(
+    toggles: list[str], run_volt: Run, tmp_path: Path
+) -> None:
+    result = run_volt([*USER_TASK, "trainer.max_epochs=1", *toggles], timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only(tmp_path / "outputs" / "train" / "runs")
+    assert json.loads((run_dir / "metrics.json").read_text())["metrics"]["test/loss"] < 3.0
