@@ -51,7 +51,7 @@ def test_eval_reproduces_test_metrics_exactly(
     assert evaluated["test/acc"] == metrics["test/acc"]
     assert evaluated["test/loss"] == metrics["test/loss"]
     rows = (Path(cfg.paths.output_dir) / "predictions.csv").read_text().splitlines()
-    assert rows[0] == "index,prediction,probability,target"
+    assert rows[0] == "index,pred,prob,target"  # the keys predict_step returns
     correct = sum(r.split(",")[1] == r.split(",")[3] for r in rows[1:])
     assert correct / (len(rows) - 1) == pytest.approx(metrics["test/acc"])
 
