@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from volt.build import load_trained_module
+
 Run = Callable[..., subprocess.CompletedProcess[str]]
 USER_CONF = Path(__file__).parent / "user_task_conf"
 USER_TASK = [
@@ -61,6 +63,31 @@ def test_a_plain_lightning_task_trains_evaluates_and_predicts(
     assert len(rows) == 128 and set(rows[0]) == {"index", "prediction"}
     assert sorted(int(r["index"]) for r in rows) == list(range(128))
 
+    # The module alone, rebuilt from the checkpoint, predicts what eval wrote.
+    module, datamodule = load_trained_module(best, trusted=["tests"])
+    datamodule.setup("predict")
+    x = next(iter(datamodule.predict_dataloader()))[0]
+    expected = [float(r["prediction"]) for r in rows[: len(x)]]
+    assert module(x).squeeze(-1).tolist() == pytest.approx(expected, rel=1e-5)
+
+    # New data named on the command line: predicted on, not tested (it may have no labels).
+    named = run_volt(
+        [
+            f"hydra.searchpath=[file://{USER_CONF}]",
+            f"ckpt_path={best}",
+            "trusted_targets=[tests]",
+            "mode=predict",
+            "data=line",
+            "data.size=64",
+            "name=named-data",
+        ],
+        module="volt.eval",
+    )
+    assert named.returncode == 0, named.stderr[-3000:]
+    named_dir = tmp_path / "outputs" / "eval" / "runs" / "named-data"
+    assert json.loads((named_dir / "metrics.json").read_text())["metrics"] == {}
+    assert len((named_dir / "predictions.csv").read_text().splitlines()) == 1 + 16
+
 
 def test_volt_refuses_a_from_data_attribute_the_data_module_lacks(run_volt: Run) -> None:
     result = run_volt([*USER_TASK, "+task.from_data={width:num_classes}"])
@@ -75,8 +102,9 @@ def test_volt_refuses_a_from_data_attribute_the_data_module_lacks(run_volt: Run)
         ["trainer=ddp", "trainer.devices=2"],  # two gloo processes on the CPU
         ["trainer=cpu", "precision=bf16-mixed", "compile=default"],
         ["trainer=cpu", "tune=batch_size"],
+        ["trainer=dp"],  # one process; on the CPU, or with fewer than two GPUs, one device
     ],
-    ids=["ddp", "bf16-compiled", "tune"],
+    ids=["ddp", "bf16-compiled", "tune", "dp"],
 )
 def test_a_plain_lightning_task_takes_every_toggle(
     toggles: list[str], run_volt: Run, tmp_path: Path

@@ -13,6 +13,7 @@ channels_last -> the SyncBatchNorm choice -> compile; Lightning then distributes
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,7 +28,7 @@ from torch import nn
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from volt.callbacks.prediction_writer import CSVPredictionWriter
 from volt.callbacks.rng_state import RNGStateInCheckpoint
-from volt.checkpointing import AtomicCheckpointIO
+from volt.checkpointing import AtomicCheckpointIO, read_stored_config
 from volt.config.targets import check_stored_config, check_targets
 from volt.errors import ConfigError
 from volt.gpu import apply_compile
@@ -228,3 +229,24 @@ def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:
         cfg.trainer.precision = cfg.precision or stored.precision  # null: as trained
     writer = [CSVPredictionWriter(cfg.paths.output_dir)] if cfg.mode == "predict" else []
     return TrainingObjects(datamodule, model, build_trainer(cfg, trusted, writer, plugins))
+
+
+def load_trained_module(
+    ckpt_path: str | Path, trusted: Sequence[str] = ()
+) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+    """A volt checkpoint's LightningModule with its trained weights, and the data module it was
+    built against, from the file alone: what `Classifier.load_from_checkpoint` cannot do, since a
+    module's nets and optimiser factories are arguments, not hyperparameters (only plain values
+    are, so that checkpoints load with weights_only=True). The stored config is checked against
+    `trusted` like eval's."""
+    stored = OmegaConf.create(read_stored_config(Path(ckpt_path)))
+    check_stored_config(stored, trusted)
+    task = stored.get("task") or OmegaConf.create(CLASSIFICATION_BEFORE_TASKS)
+    datamodule = build_datamodule(stored.data, trusted)
+    model = stored.model.copy()
+    with open_dict(model):
+        model.pop("channels_last", None)  # a Classifier argument before 2026-11-23
+    module = build_model(model, datamodule, task.from_data, trusted)
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module, datamodule
