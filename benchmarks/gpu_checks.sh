@@ -9,7 +9,7 @@ case ${1:-tests} in
     python -m volt.env > "$out/env.txt" 2>&1; nvidia-smi >> "$out/env.txt" 2>&1
     /usr/bin/time -f "%e s wall" python train.py paths.outputs_dir=/tmp/outputs > "$out/default_run.log" 2>&1
     grep -E "accelerator=|test/acc|wall|Run directory" "$out/default_run.log" | tail -6
-    python -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_toggles.py tests/test_env.py \
+    python -m pytest -m gpu -q -p no:cacheprovider tests/test_build.py tests/test_gpu.py tests/test_training.py tests/test_env.py \
       tests/callbacks tests/strategies/test_data_parallel.py 2>&1 | tee "$out/pytest_gpu.log" | tail -15
     ;;
   multi)  # two GPUs: the mission command, a DDP sweep, and the multi-GPU tests

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -53,8 +54,13 @@ def test_multirun_has_one_directory_per_job_and_a_summary(run_volt: Run, tmp_pat
     assert [r["job"] for r in rows] == ["0", "1", "2", "3"]
     assert {r["data.batch_size"] for r in rows} == {"32", "64"}
     assert all(r["status"] == "completed" and float(r["test/acc"]) > 0.5 for r in rows)
-    for job in jobs:
+    for job, row in zip(jobs, rows, strict=True):
         assert (sweep / job / "tensorboard").is_dir()
+        # Each job trained with its own values, not the config's defaults.
+        resolved = yaml.safe_load((sweep / job / "config_resolved.yaml").read_text())
+        assert str(resolved["data"]["batch_size"]) == row["data.batch_size"]
+        assert f"data.batch_size={resolved['data']['batch_size']}" in job
+        assert f"model.optimizer.lr={resolved['model']['optimizer']['lr']}" in job
 
 
 @pytest.mark.parametrize(
@@ -103,4 +109,7 @@ def test_conf_is_found_from_any_directory(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert (tmp_path / "outputs" / "train" / "runs").is_dir()
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    # conf/debug/fdr.yaml was read: one batch of each loop, nothing saved.
+    assert "Running in `fast_dev_run` mode" in (run_dir / "train.log").read_text()
+    assert not (run_dir / "checkpoints").exists()

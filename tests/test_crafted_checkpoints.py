@@ -148,8 +148,8 @@ CASES: list[tuple[str, Payload, str]] = [
     ),
     (
         "chain through volt",
-        setter("model.net.dropout", chain("volt.callbacks.config_in_checkpoint.torch.save")),
-        "model.net.dropout: _target_=volt.callbacks.config_in_checkpoint.torch.save is not",
+        setter("model.net.dropout", chain("volt.checkpointing.stored_config.torch.save")),
+        "model.net.dropout: _target_=volt.checkpointing.stored_config.torch.save is not",
     ),
     ("torch.hub.load", data_hub, "data: _target_=torch.hub.load is not allowed"),
     ("interpolation", setter("model.net.dropout", created), 'model.net.dropout: "${oc.create:'),

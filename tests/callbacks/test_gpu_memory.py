@@ -1,5 +1,6 @@
 import csv
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -8,11 +9,13 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
+from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from volt.callbacks.gpu_memory import GPUMemoryMonitor
 from volt.strategies.data_parallel import DataParallelStrategy
+from volt.training import train
 
 GIB = 1024**3
 
@@ -236,3 +239,27 @@ def test_data_parallel_reports_every_gpu(tmp_path: Path) -> None:
         peaks = metric_rows(metrics_file, f"gpu_mem/cuda{index}_peak_allocated_gib")
         assert peaks.keys() == set(range(8))
         assert min(peaks.values()) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_monitor_in_conf_logs_a_gpu_run(
+    compose_config: Callable[..., DictConfig], fast: list[str]
+) -> None:
+    cfg = compose_config(
+        "train",
+        [
+            *fast,
+            "trainer=gpu",
+            "trainer.devices=1",
+            "trainer.max_epochs=1",
+            "logger=csv",
+            "callbacks.gpu_memory.log_every_n_steps=5",
+            "trainer.log_every_n_steps=5",
+        ],
+    )
+    train(cfg)
+    peaks = metric_rows(
+        Path(cfg.paths.output_dir) / "csv" / "metrics.csv", "gpu_mem/cuda0_peak_allocated_gib"
+    )
+    assert peaks and min(peaks.values()) > 0

@@ -7,14 +7,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -245,11 +244,7 @@ def wait_for(pattern: str, outputs: Path, process: subprocess.Popen[bytes]) -> P
 
 
 @pytest.mark.parametrize("trainer", ["default", "ddp"])
-def test_volt_saves_and_exits_143_on_sigterm(
-    trainer: str, compose_config: Callable[..., DictConfig], fast: list[str], tmp_path: Path
-) -> None:
-    if "graceful_shutdown" not in (compose_config("train").callbacks or {}):
-        pytest.skip("needs integration: graceful_shutdown is not in conf/callbacks/default.yaml")
+def test_volt_saves_and_exits_143_on_sigterm(trainer: str, fast: list[str], tmp_path: Path) -> None:
     outputs = tmp_path / "volt"
     overrides = [o for o in fast if not o.startswith("trainer.max_epochs=")]
     process = start_volt([*overrides, f"trainer={trainer}", "trainer.max_epochs=1000"], outputs)

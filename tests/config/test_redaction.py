@@ -28,7 +28,7 @@ from volt.config.redaction import redacted_container, refuse_literal_secrets, sa
 from volt.errors import ConfigError
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
-HERE = "tests.test_secrets"
+HERE = "tests.config.test_redaction"
 
 
 class KeyedLogger(CSVLogger):

@@ -53,8 +53,8 @@ REFUSED: list[tuple[str, Any, str, str]] = [
     ),
     (
         "chain through volt",
-        {"m": {"_target_": "volt.callbacks.config_in_checkpoint.torch.save"}},
-        "m: _target_=volt.callbacks.config_in_checkpoint.torch.save",
+        {"m": {"_target_": "volt.checkpointing.stored_config.torch.save"}},
+        "m: _target_=volt.checkpointing.stored_config.torch.save",
         "it is torch.serialization.save",
     ),
     (

@@ -198,7 +198,7 @@ def _check_section(path: str, node: DictConfig, trusted: Any, passed: tuple[str,
 def _compose_without(cfg: DictConfig, added: list[Override]) -> DictConfig:
     """The config as conf/ and the other overrides make it: what `added` adds is absent."""
     lines = {o.input_line for o in added}
-    overrides = [o for o in cfg.hydra.overrides.task if o not in lines]
+    overrides = [o for o in typed_overrides(cfg) if o not in lines]
     overrides += list(cfg.hydra.overrides.hydra)
     loader = GlobalHydra.instance().config_loader()
     return loader.load_configuration(
