@@ -1,6 +1,7 @@
 """`python -m volt.eval ckpt_path=...`: rebuild a run from its checkpoint and test or predict."""
 
 import logging
+import warnings
 from pathlib import Path
 
 import hydra
@@ -32,6 +33,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_machine(cfg)
     stored = load_run_config(cfg.ckpt_path)
     route_lightning_logs()
+    # Lightning 2.6 warns that the checkpoint's training callbacks (checkpointing, early stopping)
+    # are absent: evaluation needs none of them, so the warning only misleads here.
+    warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks")
     run = build_evaluation(cfg, stored)
     log.info(describe_setup(run.trainer, cfg.compile.mode))
     metrics: dict[str, float] = {}
