@@ -9,8 +9,10 @@ in float32, float64, bfloat16 inputs to a float32 layer (autocast) and a float16
 import copy
 import datetime
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -21,6 +23,7 @@ from lightning.pytorch.plugins import LayerSync
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from volt.build import build_training
 from volt.nets.resnet import ResNet
 from volt.strategies.ddp import DDPStrategy
 from volt.strategies.sync_batchnorm import (
@@ -245,15 +248,16 @@ class KeepModel(LayerSync):
         return model
 
 
-@pytest.mark.parametrize(
-    ("trainer_args", "expected"),
-    [({"sync_batchnorm": True}, SyncBatchNormLayers), ({"plugins": [KeepModel()]}, KeepModel)],
-)
-def test_ddp_uses_volts_layers_for_sync_batchnorm_and_leaves_other_plugins(
-    tmp_path: Path, trainer_args: dict, expected: type
-) -> None:
-    strategy = DDPStrategy(tmp_path / "config.yaml", timeout=datetime.timedelta(seconds=42))
-    pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, **trainer_args)
-    assert type(strategy._layer_sync) is expected
-    if expected is SyncBatchNormLayers:
-        assert strategy._layer_sync.timeout == datetime.timedelta(seconds=42)
+def test_sync_batchnorm_true_builds_volts_layers(compose_config: Callable[..., Any]) -> None:
+    # The choice is made in one place, volt.build.apply_toggles: volt's layers as the Trainer's
+    # LayerSync plugin, and Lightning's own sync_batchnorm switched off.
+    cfg = compose_config("train", ["trainer=ddp", "trainer.devices=2"])
+    assert cfg.trainer.sync_batchnorm is True
+    trainer = build_training(cfg, {}).trainer
+    assert type(trainer.strategy._layer_sync) is SyncBatchNormLayers
+
+
+def test_ddp_strategy_leaves_a_layer_sync_plugin_of_the_users_own(tmp_path: Path) -> None:
+    strategy = DDPStrategy(tmp_path / "config.yaml")
+    pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, plugins=[KeepModel()])
+    assert type(strategy._layer_sync) is KeepModel
