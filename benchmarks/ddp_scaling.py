@@ -5,9 +5,9 @@
 
 The workload is volt's CIFAR-sized one (`experiment=cifar10_resnet`: ResNet 64-128-256, global
 batch 256, bf16-mixed, SGD). Both sides read the same data set through the same per-sample
-augmentation and DataLoader settings (workers, pinned memory), one process per GPU:
+batches (volt's data path: `data.on_device`, whole-batch augmentation), one process per GPU:
 
-- plain: a hand-written DDP loop (`DistributedSampler`, `DistributedDataParallel`, autocast),
+- plain: a hand-written DDP loop (volt's batches for its rank, `DistributedDataParallel`, autocast),
          started with torch.multiprocessing; BatchNorm synchronised with torch's
          `nn.SyncBatchNorm` (--sync-bn torch), volt's (volt, as `trainer=ddp` does) or not (none).
 - volt:  `python train.py experiment=cifar10_resnet trainer=gpu|ddp ...` as a user runs it.
@@ -30,13 +30,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
 
 REPO = Path(__file__).resolve().parents[1]
 THROUGHPUT_LINE = re.compile(r"epoch (\d+): (\d+) training samples/s")
@@ -87,18 +87,13 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
     optimizer = model.optimizer_factory(net.parameters())
     criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.label_smoothing)
     batch = cfg.data.batch_size // world
-    train_set = datamodule.train_set
-    sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=0, drop_last=True)
-    loader = DataLoader(
-        train_set,
-        batch_size=batch,
-        sampler=sampler,
-        num_workers=args.workers,
-        pin_memory=True,
-        drop_last=True,
-        persistent_workers=True,
-        prefetch_factor=2,
+    # volt's batches for this rank (data.on_device decides where they are gathered), as the
+    # volt side gets them: the plain loop differs from volt only in its training loop.
+    strategy = SimpleNamespace(root_device=device)
+    datamodule.trainer = SimpleNamespace(  # what volt's data modules ask of a trainer
+        world_size=world, global_rank=rank, strategy=strategy, overfit_batches=0, current_epoch=0
     )
+    loader = datamodule.train_dataloader()
     if args.synthetic:
         steps = len(loader)
         x = torch.randn(batch, 3, 32, 32, device=device)
@@ -107,7 +102,7 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
     rates = []
     net.train()
     for epoch in range(args.epochs):
-        sampler.set_epoch(epoch)
+        datamodule.trainer.current_epoch = epoch
         torch.cuda.synchronize()
         start, samples = time.perf_counter(), 0
         for images, labels in loader:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The single-GPU checks behind the README's GPU section, as run on the lent GPU machine:
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench [workload]|multi|throughput|scaling
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|throughput|scaling
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -42,15 +42,12 @@ case ${1:-tests} in
     done
     ;;
   syncs)  # where volt's configured training steps make the CPU wait for the GPU
-    for w in digits cifar; do
-      python benchmarks/step_time.py --workload $w --variants bf16-mixed --steps 20 --find-syncs \
-        2>&1 | grep --line-buffered -vi warn | tee "$out/syncs_$w.log" | tail -8
-    done
+    python benchmarks/perf.py --steps 20 --find-syncs 2>&1 | grep --line-buffered -vi warn \
+      | tee "$out/syncs.log" | tail -12
     ;;
-  bench)  # bench [digits|cifar]: both workloads by default
-    for w in ${2:-digits cifar}; do
-      python benchmarks/step_time.py --workload $w --repeats ${REPEATS:-3} --json "$out/bench_$w.json" 2>&1 \
-        | grep --line-buffered -vi warn | tee "$out/bench_$w.log" | tail -7
-    done
+  bench)  # the README's performance table (about 7 minutes on one H100)
+    python benchmarks/perf.py --readme --json "$out/perf.json" 2>&1 | grep --line-buffered -vi warn \
+      | tee "$out/perf.log" | tail -8
+    cp README.md "$out/README.md"
     ;;
 esac

@@ -19,19 +19,33 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         attempts.append(repr(args))
         raise OSError("tests/data must not reach the network")
 
+    connect = socket.socket.connect
+
+    def refuse_but_local(self: socket.socket, address: object) -> None:
+        # Unix sockets stay: DataLoader workers hand tensors over through them.
+        if self.family == socket.AF_UNIX:
+            return connect(self, address)
+        return refuse(self, address)
+
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
-    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse_but_local)
     yield
     assert not attempts, f"a test tried to reach the network: {attempts}"
 
 
 @pytest.fixture
 def fake_trainer() -> Callable[..., SimpleNamespace]:
-    """fake_trainer(world_size=2, device="cpu"): the two things a data module asks its trainer."""
+    """fake_trainer(world_size=2, device="cpu", global_rank=1): what data modules ask a trainer."""
 
-    def make(world_size: int = 1, device: str = "cpu") -> SimpleNamespace:
+    def make(world_size: int = 1, device: str = "cpu", global_rank: int = 0) -> SimpleNamespace:
         strategy = SimpleNamespace(root_device=torch.device(device))
-        return SimpleNamespace(world_size=world_size, strategy=strategy)
+        return SimpleNamespace(
+            world_size=world_size,
+            global_rank=global_rank,
+            strategy=strategy,
+            overfit_batches=0,
+            current_epoch=0,
+        )
 
     return make
 

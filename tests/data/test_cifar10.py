@@ -9,6 +9,7 @@ import torch
 import torchvision.datasets.cifar
 from torch import Tensor
 
+from volt.data.batches import ImageTransform
 from volt.data.cifar10 import (
     FOLDER,
     MEAN,
@@ -16,7 +17,6 @@ from volt.data.cifar10 import (
     TEST_FILE,
     TRAIN_FILES,
     CIFAR10DataModule,
-    random_crop_flip,
 )
 from volt.data.downloads import DataNotFoundError
 
@@ -113,23 +113,24 @@ def test_loaders_serve_the_files_normalised(cifar_root: Path) -> None:
     assert sorted(seen["test"]) == list(range(N_TEST))
 
 
-def read(dataset: object, index: int, seed: int) -> Tensor:
-    torch.manual_seed(seed)
-    return dataset[index][0]  # type: ignore[index]
+def read(dm: CIFAR10DataModule, split: str, index: int, seed: int) -> Tensor:
+    """Image `index` of a split as its batches serve it, random numbers seeded by `seed`."""
+    stored = getattr(dm, f"{split}_set").images[index : index + 1]
+    return dm.transform(train=split == "train")(stored, torch.Generator().manual_seed(seed))[0]
 
 
 def test_augmentation_changes_only_training_images(cifar_root: Path) -> None:
     dm = cifar(cifar_root, augment=True)
     dm.setup()
 
-    train = [read(dm.train_set, 0, seed) for seed in range(8)]
+    train = [read(dm, "train", 0, seed) for seed in range(8)]
     assert any(not torch.equal(train[0], other) for other in train[1:])
-    for split in (dm.val_set, dm.test_set):
-        assert torch.equal(read(split, 0, seed=0), read(split, 0, seed=1))
+    for split in ("val", "test"):
+        assert torch.equal(read(dm, split, 0, seed=0), read(dm, split, 0, seed=1))
 
     # an augmented item is still a crop of the stored image, padded with zeros, maybe flipped
     assert dm.train_set is not None
-    stored = dm.train_set.images[0]  # type: ignore[attr-defined]
+    stored = dm.train_set.images[0]
     for x in train:
         assert x.shape == (3, 32, 32)
         crop_and_flip(stored, pixel_values(x).round().to(torch.uint8))
@@ -138,7 +139,7 @@ def test_augmentation_changes_only_training_images(cifar_root: Path) -> None:
 def test_augment_false_leaves_training_images_as_stored(cifar_root: Path) -> None:
     dm = cifar(cifar_root, augment=False)
     dm.setup()
-    assert torch.equal(read(dm.train_set, 0, seed=0), read(dm.train_set, 0, seed=1))
+    assert torch.equal(read(dm, "train", 0, seed=0), read(dm, "train", 0, seed=1))
 
 
 def crop_and_flip(image: Tensor, out: Tensor) -> tuple[int, int, bool]:
@@ -153,21 +154,17 @@ def crop_and_flip(image: Tensor, out: Tensor) -> tuple[int, int, bool]:
     raise AssertionError("the output is not a 32x32 crop of the input padded by 4, nor its mirror")
 
 
-def test_random_crop_flip_is_a_random_padded_crop() -> None:
+def test_batch_crop_and_flip_draws_a_padded_crop_per_image() -> None:
     # no zero pixels in the input, so a zero in the output can only be padding
     generator = torch.Generator().manual_seed(0)
-    image = torch.randint(1, 256, (3, 32, 32), dtype=torch.uint8, generator=generator)
-    outs, choices = [], []
-    for seed in range(40):
-        torch.manual_seed(seed)
-        out = random_crop_flip(image)
-        assert out.shape == (3, 32, 32)
-        assert out.dtype == torch.uint8
-        outs.append(out)
-        choices.append(crop_and_flip(image, out))
+    images = torch.randint(1, 256, (40, 3, 32, 32), dtype=torch.uint8, generator=generator)
+    transform = ImageTransform(MEAN, STD, crop_padding=4, flip=True)
+    outs = transform.crop_and_flip(images, generator)
+    assert outs.shape == images.shape and outs.dtype == torch.uint8
+    choices = [crop_and_flip(image, out) for image, out in zip(images, outs, strict=True)]
     assert {flipped for _, _, flipped in choices} == {False, True}
     assert len({(top, left) for top, left, _ in choices}) > 10
-    assert any((out == 0).any() for out in outs)
+    assert (outs == 0).any()
 
 
 def test_existing_files_are_not_downloaded_again(

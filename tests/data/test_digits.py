@@ -6,9 +6,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 from torch import Tensor
-from torch.utils.data import SequentialSampler
 
-from volt.data.classification import ResumableRandomSampler, TensorImageDataset
+from volt.data.batches import BatchOrder, Split
 from volt.data.digits import DigitsDataModule
 
 # conf/data/digits.yaml: 270 test (round(0.15 * 1797)), then 269 of the remaining 1527 for
@@ -28,9 +27,9 @@ def ready() -> DigitsDataModule:
     return dm
 
 
-def splits(dm: DigitsDataModule) -> dict[str, TensorImageDataset]:
+def splits(dm: DigitsDataModule) -> dict[str, Split]:
     sets = {"train": dm.train_set, "val": dm.val_set, "test": dm.test_set}
-    assert all(isinstance(s, TensorImageDataset) for s in sets.values())
+    assert all(isinstance(s, Split) for s in sets.values())
     return sets  # type: ignore[return-value]
 
 
@@ -81,7 +80,7 @@ def test_setup_twice_keeps_the_same_datasets(ready: DigitsDataModule) -> None:
 
 def test_training_statistics_normalise_the_training_split(ready: DigitsDataModule) -> None:
     train = splits(ready)["train"]
-    images = torch.stack([train[i][0] for i in range(len(train))])
+    images = ready.transform(train=True)(train.images)
     assert images.mean().item() == pytest.approx(0.0, abs=1e-4)
     assert images.std().item() == pytest.approx(1.0, abs=1e-3)
 
@@ -100,9 +99,7 @@ def test_train_drops_the_last_partial_batch_and_val_test_keep_it(
     ready: DigitsDataModule,
 ) -> None:
     train, val, test = ready.train_dataloader(), ready.val_dataloader(), ready.test_dataloader()
-    assert isinstance(train.sampler, ResumableRandomSampler)
-    assert isinstance(val.sampler, SequentialSampler)
-    assert isinstance(test.sampler, SequentialSampler)
+    assert (train.order.shuffle, val.order.shuffle, test.order.shuffle) == (True, False, False)
 
     train_sizes = [len(y) for _, y in train]
     assert train_sizes == [64] * (1258 // 64)  # 19 full batches; the 42 left over are dropped
@@ -130,7 +127,7 @@ def test_global_batch_size_is_divided_over_processes(
         assert ready.per_process_batch_size == 32
         x, _ = next(iter(ready.train_dataloader()))
         assert x.shape == (32, 1, 8, 8)
-        assert ready.val_dataloader().batch_size == 32
+        assert ready.val_dataloader().order.batch_size == 32
     finally:
         ready.trainer = None
 
@@ -171,35 +168,41 @@ def test_pin_memory_follows_the_setting_and_the_device(
     device: str | None,
     expected: bool,
 ) -> None:
-    ready.pin_memory = pin_memory
+    ready.pin_memory, ready.on_device = pin_memory, False
     ready.trainer = None if device is None else fake_trainer(device=device)  # type: ignore[assignment]
     try:
         loaders = (ready.train_dataloader(), ready.val_dataloader(), ready.test_dataloader())
-        assert [loader.pin_memory for loader in loaders] == [expected] * 3
+        assert [loader.loader.pin_memory for loader in loaders if loader.loader] == [expected] * 3
     finally:
-        ready.pin_memory, ready.trainer = None, None
+        ready.pin_memory, ready.on_device, ready.trainer = None, "auto", None
 
 
 def test_worker_settings_apply_only_with_workers() -> None:
     dm = digits(num_workers=0, persistent_workers=True, prefetch_factor=4)
     dm.setup()
-    loader = dm.train_dataloader()
+    loader = dm.train_dataloader().loader
+    assert loader is not None
     assert (loader.persistent_workers, loader.prefetch_factor) == (False, None)
 
     dm.num_workers = 2
-    loader = dm.train_dataloader()  # constructing a DataLoader starts no worker yet
+    loader = dm.train_dataloader().loader  # constructing a DataLoader starts no worker yet
+    assert loader is not None
     assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == (2, True, 4)
 
 
-def test_resumable_sampler_is_a_seeded_shuffle_that_can_start_part_way() -> None:
-    sampler = ResumableRandomSampler(100, seed=7)
-    sampler.set_epoch(3)
-    epoch3 = list(sampler)
+def test_batch_order_is_a_seeded_shuffle_that_can_start_part_way() -> None:
+    def order(epoch: int) -> list[int]:
+        o.set_epoch(epoch)
+        return [i for _, batch in o for i in batch.tolist()]
+
+    o = BatchOrder(100, 10, seed=7, shuffle=True, drop_last=True)
+    epoch3 = order(3)
     assert sorted(epoch3) == list(range(100)) and epoch3 != list(range(100))
-    assert list(sampler) == epoch3  # a pure function of (seed, epoch)
-    sampler.set_epoch(4)
-    assert list(sampler) != epoch3
-    sampler.skip[3] = 40  # resumed after 40 samples of epoch 3
-    sampler.set_epoch(3)
-    assert list(sampler) == epoch3[40:]
-    assert list(sampler) == epoch3  # the skip applies to the resumed epoch's first pass only
+    assert order(3) == epoch3  # a pure function of (seed, epoch)
+    assert order(4) != epoch3
+    o.resume_at(3, 4)  # resumed after 4 steps of epoch 3
+    o.set_epoch(3)
+    assert [step for step, _ in o] == list(range(4, 10))
+    assert order(3) == epoch3  # the skip applies to one pass only
+    o.resume_at(3, 4)
+    assert order(3) == epoch3[40:]

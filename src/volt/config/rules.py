@@ -138,6 +138,12 @@ TRAINER_RULES = (
 
 LOADER_RULES = (
     Rule(
+        "data.on_device",
+        one_of("auto", True, False),
+        "auto, true or false",
+        "data.on_device=auto",
+    ),
+    Rule(
         "data.pin_memory",
         one_of(None, True, False),
         "null (auto), true or false",

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from volt.data.classification import ImageClassificationDataModule, TensorImageDataset
+from volt.data.batches import ImageTransform
+from volt.data.classification import ImageClassificationDataModule
 from volt.data.downloads import ensure_files
 
 FOLDER = "cifar-10-batches-py"
@@ -28,14 +28,6 @@ def read_batches(folder: Path, names: tuple[str, ...]) -> tuple[Tensor, Tensor]:
         images.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
         labels.extend(batch[b"labels"])
     return torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.long)
-
-
-def random_crop_flip(image: Tensor) -> Tensor:
-    """The standard CIFAR augmentation on one (3, 32, 32) image: pad 4, crop 32, flip half."""
-    padded = torch.nn.functional.pad(image, (4, 4, 4, 4))
-    top, left = torch.randint(0, 9, (2,)).tolist()
-    image = padded[:, top : top + 32, left : left + 32]
-    return image.flip(-1) if torch.rand(()) < 0.5 else image
 
 
 class CIFAR10DataModule(ImageClassificationDataModule):
@@ -76,8 +68,7 @@ class CIFAR10DataModule(ImageClassificationDataModule):
         (train_x, train_y), (val_x, val_y) = self.split_off(train_x, train_y, self.val_fraction)
         return (train_x, train_y, val_x, val_y), read_batches(folder, (TEST_FILE,))
 
-    def make_dataset(
-        self, images: Tensor, labels: Tensor, train: bool
-    ) -> Dataset[tuple[Tensor, Tensor]]:
-        augment = random_crop_flip if train and self.augment else None
-        return TensorImageDataset(images, labels, mean=MEAN, std=STD, augment=augment)
+    def transform(self, train: bool) -> ImageTransform:
+        # The standard CIFAR augmentation: pad 4, crop 32 at random, mirror half the images.
+        augment = train and self.augment
+        return ImageTransform(MEAN, STD, crop_padding=4 if augment else 0, flip=augment)

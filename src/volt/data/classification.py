@@ -1,78 +1,34 @@
-"""What every volt data set shares: a seeded split, in-memory tensors, and loader settings."""
+"""What every volt image data set shares: a seeded split, in-memory tensors, and their batches."""
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
 
-Transform = Callable[[Tensor], Tensor]
+from volt.data.batches import (
+    AUTO_SHARE,
+    BatchOrder,
+    HostLoading,
+    ImageBatches,
+    ImageTransform,
+    Split,
+)
 
-
-class TensorImageDataset(Dataset[tuple[Tensor, Tensor]]):
-    """Images held as one tensor (N, C, H, W); uint8 images are scaled to [0, 1] per item."""
-
-    def __init__(
-        self,
-        images: Tensor,
-        labels: Tensor,
-        mean: tuple[float, ...],
-        std: tuple[float, ...],
-        augment: Transform | None = None,
-    ) -> None:
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
-        self.labels = labels.long()
-        # (C, 1, 1) so they broadcast over one (C, H, W) image
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
-        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
-        self.augment = augment
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        image = self.images[index]
-        if self.augment is not None:
-            image = self.augment(image)
-        image = image.float() / 255.0 if image.dtype == torch.uint8 else image.float()
-        return (image - self.mean) / self.std, self.labels[index]
-
-
-class ResumableRandomSampler(Sampler[int]):
-    """A fresh shuffle each epoch, a pure function of (seed, epoch), that can start part-way.
-
-    Lightning calls set_epoch() before each epoch; after a resume the first epoch skips the
-    samples the killed run had already trained on, so the resumed run sees the same batches in
-    the same order as one that was never stopped.
-    """
-
-    def __init__(self, size: int, seed: int) -> None:
-        self.size = size
-        self.seed = seed
-        self.epoch = 0
-        self.skip: dict[int, int] = {}  # epoch -> samples already consumed in it
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(self.size, generator=generator)
-        return iter(order[self.skip.pop(self.epoch, 0) :].tolist())
-
-    def __len__(self) -> int:
-        return self.size
+OnDevice = Literal["auto"] | bool
 
 
 class ImageClassificationDataModule(pl.LightningDataModule):
     """Base for volt's image data sets: subclasses load tensors, this class splits and serves them.
 
-    `batch_size` is global: under DDP each of N processes loads batch_size / N samples, so a run
-    means the same thing on one GPU or eight.
+    `batch_size` is global: under DDP each of N processes trains on batch_size / N samples of each
+    global batch, so a run means the same thing on one GPU or eight (see `volt.data.batches`).
+
+    `on_device`: true keeps every split on the training device in its stored dtype and draws,
+    augments and normalises whole batches there (no DataLoader, no worker processes); false keeps
+    them in host memory and a DataLoader gathers whole batches (`num_workers`, `pin_memory`, ...
+    apply), copied to the GPU one batch ahead; auto: on the device when training on a GPU and the
+    splits take at most `AUTO_SHARE` of its free memory.
     """
 
     input_shape: tuple[int, int, int]  # (C, H, W), known before any file is read
@@ -88,12 +44,18 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         val_fraction: float = 0.1,
         split_seed: int = 1234,
         drop_last: bool = True,
+        on_device: OnDevice = "auto",
     ) -> None:
         super().__init__()
         if not 0 < val_fraction < 1:
             raise ValueError(
                 f"data.val_fraction={val_fraction} must be between 0 and 1, "
                 "e.g. data.val_fraction=0.1"
+            )
+        if not (on_device == "auto" or isinstance(on_device, bool)):
+            raise ValueError(
+                f"data.on_device={on_device!r} must be auto, true or false; "
+                "e.g. data.on_device=auto"
             )
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -103,29 +65,32 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         self.val_fraction = val_fraction
         self.split_seed = split_seed
         self.drop_last = drop_last
-        self.train_set: Dataset[tuple[Tensor, Tensor]] | None = None
-        self.val_set: Dataset[tuple[Tensor, Tensor]] | None = None
-        self.test_set: Dataset[tuple[Tensor, Tensor]] | None = None
+        self.on_device = on_device
+        self.train_set: Split | None = None
+        self.val_set: Split | None = None
+        self.test_set: Split | None = None
+        self._held: dict[tuple[str, torch.device], Split] = {}  # splits copied to a device
+        self._auto: dict[torch.device, bool] = {}  # on_device=auto's answer per device
         self._resume_at: dict[str, int] | None = None
 
     def load_splits(
         self,
     ) -> tuple[tuple[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]:
-        """(train_x, train_y, val_x, val_y), (test_x, test_y) as tensors; images (N, C, H, W)."""
+        """(train_x, train_y, val_x, val_y), (test_x, test_y) as tensors; images (N, C, H, W),
+        uint8 (scaled to [0, 1] by the transform) or float."""
         raise NotImplementedError
 
-    def make_dataset(
-        self, images: Tensor, labels: Tensor, train: bool
-    ) -> Dataset[tuple[Tensor, Tensor]]:
+    def transform(self, train: bool) -> ImageTransform:
+        """Augmentation (training only) and normalisation of whole batches, on their device."""
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
             return
         (train_x, train_y, val_x, val_y), (test_x, test_y) = self.load_splits()
-        self.train_set = self.make_dataset(train_x, train_y, train=True)
-        self.val_set = self.make_dataset(val_x, val_y, train=False)
-        self.test_set = self.make_dataset(test_x, test_y, train=False)
+        self.train_set = Split(train_x, train_y.long())
+        self.val_set = Split(val_x, val_y.long())
+        self.test_set = Split(test_x, test_y.long())
 
     def split_off(
         self, images: Tensor, labels: Tensor, fraction: float
@@ -160,55 +125,73 @@ class ImageClassificationDataModule(pl.LightningDataModule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume_at = state or None
 
-    def train_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:
+    def train_dataloader(self) -> ImageBatches:
         assert self.train_set is not None, "call setup() first"
-        # Seeded from torch's seed (seed_everything), so `seed=` changes the shuffle too.
-        sampler = ResumableRandomSampler(len(self.train_set), seed=torch.initial_seed() % 2**31)  # type: ignore[arg-type]
-        # Under DDP Lightning wraps this sampler in a distributed one that needs its full length:
-        # there the resumed epoch starts over (documented), on one process it continues exactly.
-        if self._resume_at and (self.trainer is None or self.trainer.world_size == 1):
-            done = self._resume_at["batches_done"] * self.per_process_batch_size
-            sampler.skip[self._resume_at["epoch"]] = done
+        # Overfitting a few batches (debug=overfit) wants the same batches every epoch.
+        trainer: Any = self.trainer  # overfit_batches is set on it at run time, untyped
+        shuffle = trainer is None or not trainer.overfit_batches
+        batches = self._batches("train", self.train_set, shuffle, self.drop_last, train=True)
+        if self._resume_at:
+            batches.order.resume_at(self._resume_at["epoch"], self._resume_at["batches_done"])
         self._resume_at = None
-        return self._loader(self.train_set, train=True, sampler=sampler)
+        return batches
 
-    def val_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:
+    def val_dataloader(self) -> ImageBatches:
         assert self.val_set is not None, "call setup() first"
-        return self._loader(self.val_set, train=False)
+        return self._batches("val", self.val_set, shuffle=False, drop_last=False, train=False)
 
-    def test_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:
+    def test_dataloader(self) -> ImageBatches:
         assert self.test_set is not None, "call setup() first"
-        return self._loader(self.test_set, train=False)
+        return self._batches("test", self.test_set, shuffle=False, drop_last=False, train=False)
 
-    def predict_dataloader(self) -> DataLoader[tuple[Tensor, Tensor]]:
+    def predict_dataloader(self) -> ImageBatches:
         return self.test_dataloader()
 
-    def _on_gpu(self) -> bool:
-        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
+    def _device(self) -> torch.device:
+        if self.trainer is None:
+            return torch.device("cpu")
+        return self.trainer.strategy.root_device
 
-    def _loader(
-        self,
-        dataset: Dataset[tuple[Tensor, Tensor]],
-        train: bool,
-        sampler: Sampler[int] | None = None,
-    ) -> DataLoader[tuple[Tensor, Tensor]]:
-        batch_size = self.per_process_batch_size
-        workers = self.num_workers > 0
-        # Dropping the last partial training batch keeps every step the same shape, which
-        # torch.compile and CUDA graphs need; a fresh shuffle each epoch still visits every sample.
-        # Compared with the global batch: each rank sees only its share of the data set.
-        drop_last = train and self.drop_last and len(dataset) >= self.batch_size  # type: ignore[arg-type]
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
+    def _epoch(self) -> int:
+        return self.trainer.current_epoch if self.trainer is not None else 0
+
+    def _rank(self) -> int:
+        return self.trainer.global_rank if self.trainer is not None else 0
+
+    def _batches(
+        self, name: str, split: Split, shuffle: bool, drop_last: bool, train: bool
+    ) -> ImageBatches:
+        device = self._device()
+        # Seeded from torch's seed (seed_everything), so `seed=` changes the shuffle and the
+        # augmentation too; a pure function of it, so a resumed run draws the same batches.
+        order = BatchOrder(
+            len(split),
+            self.per_process_batch_size,
+            seed=torch.initial_seed() % 2**31,
+            shuffle=shuffle,
             drop_last=drop_last,
-            num_workers=self.num_workers,
-            # Pinned host memory lets the host-to-GPU copy run asynchronously (non_blocking).
-            pin_memory=self._on_gpu() if self.pin_memory is None else self.pin_memory,
-            persistent_workers=self.persistent_workers and workers,
-            # Its own generator: starting an iterator draws a seed, and drawing it from the global
-            # one would shift dropout's random numbers whenever a loader is (re)started.
-            generator=torch.Generator().manual_seed(torch.initial_seed() % 2**31),
-            prefetch_factor=self.prefetch_factor if workers else None,
+            rank=self._rank(),
+            world=self.trainer.world_size if self.trainer is not None else 1,
         )
+        if self._keep_on(device):
+            if (name, device) not in self._held:
+                self._held[name, device] = split.to(device)
+            held = self._held[name, device]
+            return ImageBatches(held, order, self.transform(train), device, epoch=self._epoch)
+        loading = HostLoading(
+            num_workers=self.num_workers,
+            # Pinned host memory lets the host-to-GPU copy run asynchronously, beside the step.
+            pin_memory=device.type == "cuda" if self.pin_memory is None else self.pin_memory,
+            persistent_workers=self.persistent_workers,
+            prefetch_factor=self.prefetch_factor,
+        )
+        return ImageBatches(split, order, self.transform(train), device, loading, self._epoch)
+
+    def _keep_on(self, device: torch.device) -> bool:
+        if self.on_device != "auto":
+            return bool(self.on_device)
+        if device not in self._auto:  # decided once: the first split held would shrink `free`
+            stored = sum(s.nbytes for s in (self.train_set, self.val_set, self.test_set) if s)
+            free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+            self._auto[device] = 0 < stored <= AUTO_SHARE * free
+        return self._auto[device]

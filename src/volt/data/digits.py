@@ -5,9 +5,9 @@ from typing import Any
 import torch
 from sklearn.datasets import load_digits
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from volt.data.classification import ImageClassificationDataModule, TensorImageDataset
+from volt.data.batches import ImageTransform
+from volt.data.classification import ImageClassificationDataModule
 
 
 class DigitsDataModule(ImageClassificationDataModule):
@@ -39,8 +39,6 @@ class DigitsDataModule(ImageClassificationDataModule):
         self._stats = ((train_x.mean().item(),), (train_x.std().item(),))
         return (train_x, train_y, val_x, val_y), (test_x, test_y)
 
-    def make_dataset(
-        self, images: Tensor, labels: Tensor, train: bool
-    ) -> Dataset[tuple[Tensor, Tensor]]:
+    def transform(self, train: bool) -> ImageTransform:
         mean, std = self._stats
-        return TensorImageDataset(images, labels, mean=mean, std=std)
+        return ImageTransform(mean, std)

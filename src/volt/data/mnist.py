@@ -4,9 +4,9 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from volt.data.classification import ImageClassificationDataModule, TensorImageDataset
+from volt.data.batches import ImageTransform
+from volt.data.classification import ImageClassificationDataModule
 from volt.data.downloads import ensure_files
 
 RAW_FILES = (
@@ -53,7 +53,5 @@ class MNISTDataModule(ImageClassificationDataModule):
         )
         return (train_x, train_y, val_x, val_y), (test.data.unsqueeze(1), test.targets)
 
-    def make_dataset(
-        self, images: Tensor, labels: Tensor, train: bool
-    ) -> Dataset[tuple[Tensor, Tensor]]:
-        return TensorImageDataset(images, labels, mean=MEAN, std=STD)
+    def transform(self, train: bool) -> ImageTransform:
+        return ImageTransform(MEAN, STD)

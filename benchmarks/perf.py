@@ -1,0 +1,480 @@
+"""volt's performance table: step time of volt against a plain PyTorch loop and the GPU's limit.
+
+    python benchmarks/perf.py --readme      # on a GPU: measure, print, rewrite README's table
+    python benchmarks/perf.py --tiny        # on the CPU, toy sizes, a minute: CI runs this
+
+Each row is a workload (the default digits run; `experiment=cifar10_resnet`) in one precision and
+compile mode. Each side trains the same net with the same optimiser and batch size, in a fresh
+process of its own (several compiled models in one process crashed inductor's kernel launcher on
+torch 2.11: "CUDA driver error: invalid argument"):
+
+- synthetic:        a plain loop on one batch that is already on the device: the limit.
+- plain DataLoader: a plain loop fed the way most hand-written loops are: a Dataset that
+                    augments and normalises one sample at a time, a DataLoader with workers and
+                    pinned memory, non-blocking copies.
+- plain, volt data: a plain loop fed by volt's batches (`volt.data.batches`, as `data.on_device`
+                    picks them: on a GPU, the data set held there and augmented whole batches
+                    at a time).
+- bare Lightning:   volt's LightningModule and data module in a Trainer with no callbacks, no
+                    logger, no checkpoints.
+- volt:             the Trainer, callbacks and logger volt builds from `conf/` (progress bar,
+                    TensorBoard, memory monitor, throughput, NaN guard, LR monitor, graceful
+                    shutdown), as `python train.py` runs it; validation and the callbacks that act
+                    only on its results (checkpoints, early stopping) are off.
+
+After a warm-up (which absorbs compilation) each side times `--repeats` windows of `--steps`
+steps, synchronising the device only at the windows' edges. The table shows the median
+milliseconds per step, the spread over windows ((max - min) / median), samples per second as a
+share of the synthetic side's, and each side's peak GPU memory (allocated, whole run).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
+SIDES = ("synthetic", "plain_dataloader", "plain_volt_data", "lightning", "volt")
+SIDE_NAMES = {
+    "synthetic": "synthetic (limit)",
+    "plain_dataloader": "plain, DataLoader",
+    "plain_volt_data": "plain, volt data",
+    "lightning": "bare Lightning",
+    "volt": "volt",
+}
+
+
+CIFAR_FILES = ["data=cifar10", "data.root={data_root}", "data.download=false"]
+
+
+def rows_to_run(tiny: bool) -> list[dict[str, Any]]:
+    """(workload, variant) rows: overrides of `conf/train.yaml`, warm-up steps, timed steps."""
+    if tiny:  # the same code paths at sizes a 2-core CPU runs in seconds, without workers
+        return [
+            {**row, "plain_workers": 0, "overrides": [*row["overrides"], "data.num_workers=0"]}
+            for row in [
+                {"workload": "digits", "variant": "32-true", "overrides": [], "warmup": 2},
+                {
+                    "workload": "cifar10, cnn",
+                    "variant": "bf16-mixed",
+                    "overrides": [
+                        *CIFAR_FILES,
+                        "model=cnn",
+                        "data.batch_size=16",
+                        "precision=bf16-mixed",
+                    ],
+                    "warmup": 2,
+                },
+            ]
+        ]
+    cifar = ["experiment=cifar10_resnet", *CIFAR_FILES, "precision=bf16-mixed"]
+    workers = min(8, os.cpu_count() or 1)  # the plain DataLoader's, as cifar10.yaml's are few
+    rows = [
+        {"workload": "digits", "variant": "32-true", "overrides": [], "warmup": 50},
+        {"workload": "cifar10_resnet", "variant": "bf16-mixed", "overrides": cifar, "warmup": 30},
+        {
+            "workload": "cifar10_resnet",
+            "variant": "bf16-mixed + compile",
+            "overrides": [*cifar, "compile=default"],
+            "warmup": 30,
+        },
+    ]
+    return [{"plain_workers": 0, **rows[0]}, *({"plain_workers": workers, **r} for r in rows[1:])]
+
+
+# ----------------------------------------------------------------------- in the child process
+
+
+def compose_config(overrides: list[str], data_root: str, steps: int) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+
+    from volt.config import CONF_DIR
+
+    accelerator = "trainer=gpu" if torch.cuda.is_available() else "trainer=cpu"
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose(
+            "train",
+            overrides=[
+                accelerator,
+                *(o.format(data_root=data_root) for o in overrides),
+                f"trainer.max_steps={steps}",
+                "trainer.max_epochs=1000",  # max_steps ends it (an LR schedule may read this)
+                "trainer.limit_val_batches=0",
+                "trainer.num_sanity_val_steps=0",
+                "callbacks.model_checkpoint=null",
+                "callbacks.early_stopping=null",
+                f"paths.output_dir={tempfile.mkdtemp(prefix='volt-perf-')}",
+            ],
+        )
+
+
+class Clock:
+    """Marks the end of the warm-up and of each timed window; syncs the device only there."""
+
+    def __init__(self, device: torch.device, warmup: int, steps: int, repeats: int) -> None:
+        self.device, self.marks_at = device, {warmup + k * steps for k in range(repeats + 1)}
+        self.steps, self.total = steps, warmup + steps * repeats
+        self.marks: list[float] = []
+
+    def step_done(self, step: int) -> None:
+        if step in self.marks_at:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.marks.append(time.perf_counter())
+
+    def ms_per_step(self) -> list[float]:
+        return [
+            1e3 * (b - a) / self.steps for a, b in zip(self.marks, self.marks[1:], strict=False)
+        ]
+
+
+class SyncFinder(pl.Callback):
+    """Turns torch's sync debug mode on for the timed steps: each op that makes the CPU wait for
+    the GPU warns, and the warning names the Python line that called it."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.first, self.last = min(clock.marks_at), max(clock.marks_at)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.first:
+            torch.cuda.set_sync_debug_mode("warn")
+        elif trainer.global_step == self.last:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+class ClockCallback(pl.Callback):
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        self.clock.step_done(trainer.global_step)
+
+
+class PerSampleImages(Dataset[tuple[Tensor, Tensor]]):
+    """A hand-written loop's usual data set: one sample at a time, augmented and normalised in the
+    DataLoader's workers (the same random crop and flip as volt's, torchvision-style)."""
+
+    def __init__(self, images: Tensor, labels: Tensor, mean: Tensor, std: Tensor, pad: int) -> None:
+        self.images, self.labels, self.pad = images, labels, pad
+        self.mean, self.std = mean.view(-1, 1, 1), std.view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        image = self.images[index]
+        if self.pad:
+            height, width = image.shape[-2:]
+            padded = nn.functional.pad(image, (self.pad,) * 4)
+            top, left = np.random.randint(0, 2 * self.pad + 1, size=2)
+            image = padded[:, top : top + height, left : left + width]
+            if np.random.rand() < 0.5:
+                image = image.flip(-1)
+        scale = 1 / 255 if image.dtype == torch.uint8 else 1.0
+        return (image.float() * scale - self.mean) / self.std, self.labels[index]
+
+
+def per_sample_loader(datamodule: Any, device: torch.device, workers: int) -> DataLoader[Any]:
+    split, transform = datamodule.train_set, datamodule.transform(train=True)
+    dataset = PerSampleImages(
+        split.images,
+        split.labels,
+        torch.tensor(transform.mean),
+        torch.tensor(transform.std),
+        transform.crop_padding,
+    )
+    return DataLoader(
+        dataset,
+        batch_size=datamodule.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+    )
+
+
+def forever(
+    batches: Iterable[tuple[Tensor, Tensor]], trainer: "FakeTrainer | None" = None
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Epoch after epoch, each with a fresh shuffle: a DataLoader reshuffles by itself, volt's
+    batches read the epoch from their trainer."""
+    for epoch in range(1_000_000):
+        if trainer is not None:
+            trainer.current_epoch = epoch
+        yield from batches
+    raise AssertionError("unreachable: the steps run out first")
+
+
+def plain_loop(
+    cfg: DictConfig, side: str, clock: Clock, device: torch.device, workers: int
+) -> None:
+    from volt.build import build_datamodule, build_model
+    from volt.gpu import apply_compile
+
+    datamodule: Any = build_datamodule(cfg.data)
+    datamodule.setup("fit")
+    model: Any = build_model(cfg.model, datamodule, cfg.task.from_data)  # its net and optimiser
+    net = model.net.to(device)
+    apply_compile(net, cfg.compile.mode)
+    optimizer = model.optimizer_factory(net.parameters())
+    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.get("label_smoothing", 0.0))
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(cfg.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    if side == "synthetic":
+        x = torch.randn(datamodule.batch_size, *datamodule.input_shape, device=device)
+        y = torch.randint(0, datamodule.num_classes, (datamodule.batch_size,), device=device)
+        batches: Iterator[tuple[Tensor, Tensor]] = iter(lambda: (x, y), None)
+    elif side == "plain_dataloader":
+        batches = forever(per_sample_loader(datamodule, device, workers))
+    else:  # volt's batches, on the device when data.on_device says so
+        datamodule.trainer = FakeTrainer(device)
+        batches = forever(datamodule.train_dataloader(), datamodule.trainer)
+    net.train()
+    clock.step_done(0)
+    for step in range(1, clock.total + 1):
+        x, y = next(batches)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = criterion(net(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        clock.step_done(step)
+
+
+class FakeTrainer:
+    """What volt's data modules ask of a trainer, for the plain loop that has none."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.world_size, self.global_rank, self.overfit_batches, self.current_epoch = 1, 0, 0, 0
+        self.strategy = type("Strategy", (), {"root_device": device})()
+
+
+def lightning_fit(
+    cfg: DictConfig, side: str, clock: Clock, device: torch.device, find_syncs: bool = False
+) -> None:
+    from volt.build import build_datamodule, build_model, build_training
+
+    if side == "volt":
+        built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        probe = SyncFinder(clock) if find_syncs else ClockCallback(clock)
+        built.trainer.callbacks.append(probe)  # type: ignore[attr-defined]
+        built.trainer.fit(built.model, datamodule=built.datamodule)
+        return
+    from volt.gpu import apply_compile
+
+    datamodule = build_datamodule(cfg.data)
+    model: Any = build_model(cfg.model, datamodule, cfg.task.from_data)
+    apply_compile(model.net, cfg.compile.mode)
+    trainer = pl.Trainer(
+        accelerator=device.type if device.type == "cpu" else "gpu",
+        devices=1,
+        precision=cfg.precision,
+        max_steps=clock.total,
+        max_epochs=1000,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ClockCallback(clock)],
+    )
+    trainer.fit(model, datamodule=datamodule)
+
+
+def find_syncs(args: argparse.Namespace) -> None:
+    """Where volt's training steps make the CPU wait for the GPU: waits per step, by caller."""
+    device = torch.device("cuda")
+    for row in rows_to_run(args.tiny):
+        clock = Clock(device, row["warmup"], args.steps, 1)
+        cfg = compose_config(row["overrides"], args.data_root, clock.total)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lightning_fit(cfg, "volt", clock, device, find_syncs=True)
+        waits = Counter(
+            f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower()
+        )
+        print(f"{row['workload']} {row['variant']}: waits for the GPU per step, by caller")
+        for place, count in waits.most_common():
+            print(f"  {count / args.steps:6.2f}  {place}")
+
+
+def run_side(args: argparse.Namespace) -> None:
+    """In the child: train one side of one row and print its measurements as one JSON line."""
+    from volt.gpu import apply_matmul_precision
+
+    row = json.loads(args.row)
+    apply_matmul_precision(None)
+    pl.seed_everything(0, verbose=False)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    clock = Clock(device, row["warmup"], args.steps, args.repeats)
+    cfg = compose_config(row["overrides"], args.data_root, clock.total)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    if args.side in ("lightning", "volt"):
+        lightning_fit(cfg, args.side, clock, device)
+    else:
+        plain_loop(cfg, args.side, clock, device, row["plain_workers"])
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+    print(json.dumps({"ms": clock.ms_per_step(), "peak_mib": peak, "batch": cfg.data.batch_size}))
+
+
+# ---------------------------------------------------------------------- in the parent process
+
+
+def measure(row: dict[str, Any], side: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--side", side, "--row", json.dumps(row)]
+    command += ["--steps", str(args.steps), "--repeats", str(args.repeats)]
+    command += ["--data-root", args.data_root]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if done.returncode:
+        raise RuntimeError(f"{side} on {row['workload']} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+def write_fake_cifar(root: Path, per_file: int) -> None:
+    """Random images in CIFAR-10's on-disk format (no download): the timing is the same."""
+    import pickle
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+        batch = {
+            b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+            b"labels": rng.integers(0, 10, per_file).tolist(),
+        }
+        (folder / name).write_bytes(pickle.dumps(batch))
+
+
+def summarise(row: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    ms = {side: statistics.median(r["ms"]) for side, r in results.items()}
+    spread = {
+        side: (max(r["ms"]) - min(r["ms"])) / ms[side] if ms[side] else 0.0
+        for side, r in results.items()
+    }
+    return {
+        "workload": row["workload"],
+        "variant": row["variant"],
+        "batch": next(iter(results.values()))["batch"],
+        "ms": ms,
+        "spread": spread,
+        "share_of_limit": {side: ms["synthetic"] / ms[side] for side in ms},
+        "volt_over_plain_volt_data": ms["volt"] / ms["plain_volt_data"],
+        "volt_over_plain_dataloader": ms["volt"] / ms["plain_dataloader"],
+        "peak_mib": {side: r["peak_mib"] for side, r in results.items()},
+        "wall_s": sum(r["wall_s"] for r in results.values()),
+    }
+
+
+def markdown(rows: list[dict[str, Any]], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| workload | variant | "
+        + " | ".join(SIDE_NAMES[s] for s in SIDES)
+        + " | volt / plain, volt data | volt / plain DataLoader | volt's share of the limit"
+        + " | peak MiB, volt / plain (volt data / DataLoader) |",
+        "| --- | --- |" + " ---: |" * (len(SIDES) + 4),
+    ]
+    for r in rows:
+        cells = [f"{r['ms'][s]:.2f} ±{100 * r['spread'][s]:.0f}%" for s in SIDES]
+        peak = r["peak_mib"]
+        peaks = (
+            f"{peak['volt']:.0f} / {peak['plain_volt_data']:.0f} / {peak['plain_dataloader']:.0f}"
+            if peak["volt"] is not None
+            else "n/a (CPU)"
+        )
+        lines.append(
+            f"| {r['workload']}, batch {r['batch']} | {r['variant']} | "
+            + " | ".join(cells)
+            + f" | {r['volt_over_plain_volt_data']:.3f} | {r['volt_over_plain_dataloader']:.3f}"
+            + f" | {100 * r['share_of_limit']['volt']:.1f}% | {peaks} |"
+        )
+    return "\n".join(lines)
+
+
+def replace_table(readme: Path, table: str) -> None:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} section to replace")
+    before, rest = text.split(BEGIN, 1)
+    after = rest.split(END, 1)[1]
+    readme.write_text(f"{before}{BEGIN}\n{table}\n{END}{after}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tiny", action="store_true", help="toy sizes for the CPU (CI)")
+    parser.add_argument("--steps", type=int, help="steps per timed window (100; tiny: 4)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed windows per side")
+    parser.add_argument(
+        "--readme", nargs="?", const=str(README), help="rewrite this README's table"
+    )
+    parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--data-root", help="where fake CIFAR-10 files are written (a temp dir)")
+    parser.add_argument(
+        "--find-syncs", action="store_true", help="only list where volt's steps wait for the GPU"
+    )
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--row", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.steps = args.steps or (4 if args.tiny else 100)
+    if args.side:
+        run_side(args)
+        return
+    if args.data_root is None:
+        args.data_root = tempfile.mkdtemp(prefix="volt-perf-data-")
+        write_fake_cifar(Path(args.data_root), per_file=200 if args.tiny else 10_000)
+    if args.find_syncs:
+        find_syncs(args)
+        return
+    started = time.perf_counter()
+    rows = []
+    for row in rows_to_run(args.tiny):
+        results = {side: measure(row, side, args) for side in SIDES}
+        rows.append(summarise(row, results))
+        print(json.dumps(rows[-1]), flush=True)  # a row at a time: a cut-off run keeps its rows
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    header = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {device}, torch {torch.__version__}, Lightning"
+        f" {pl.__version__}, by `python benchmarks/perf.py{' --tiny' if args.tiny else ''}`"
+        f" ({time.perf_counter() - started:.0f} s): ms per step, median of {args.repeats}"
+        f" windows of {args.steps} steps, ± their spread."
+    )
+    table = markdown(rows, header)
+    print(f"\n{table}")
+    if args.readme:
+        replace_table(Path(args.readme), table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

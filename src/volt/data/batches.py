@@ -1,0 +1,292 @@
+"""Batches of in-memory image tensors, drawn as whole batches and prepared on the training device.
+
+Three parts, each in one place:
+
+- `BatchOrder`: which samples each step draws on each process, a pure function of (seed, epoch,
+  step). One epoch is a shuffle of the split; step k's global batch is the k-th run of
+  `batch_size * world` samples in it, and rank r trains on the r-th part of that batch. So the
+  global batches are the same on one process or eight, and a run resumed mid-epoch (on any number
+  of processes) goes on with exactly the batches it would have drawn.
+- `ImageBatches`: the iterable a data module hands Lightning. The split's stored tensors (uint8
+  images stay uint8) are either held on the training device and indexed there (`on_device`), or
+  held on the host, gathered by a DataLoader (a whole batch per fetch, no per-sample Python) and
+  copied to the GPU on a side stream one batch ahead, so that the copy overlaps the step before.
+- `ImageTransform`: random crop with padding, horizontal flip and normalisation on whole batches,
+  on the device the batch is on, with random numbers seeded by (seed, epoch, step, rank): both
+  data paths produce the same batches, bit for bit.
+"""
+
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+StoredBatch = tuple[int, Tensor, Tensor]  # (step in the epoch, images as stored, labels)
+
+# data.on_device=auto keeps a data set on the GPU when all its splits take at most this share of
+# the GPU's free memory: CIFAR-10 as uint8 (184 MB) passes on any training GPU, ImageNet does not.
+AUTO_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split of an image data set as stored: images (N, C, H, W), labels (N,)."""
+
+    images: Tensor
+    labels: Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.images) != len(self.labels):
+            raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.nbytes + self.labels.nbytes
+
+    def to(self, device: torch.device) -> "Split":
+        return Split(self.images.to(device), self.labels.to(device))
+
+    def __getitem__(self, step_and_indices: tuple[int, Tensor]) -> "StoredBatch":
+        """A whole batch at once: what the DataLoader fetches for one step (see BatchOrder)."""
+        step, indices = step_and_indices
+        return step, self.images[indices], self.labels[indices]
+
+
+def shuffle_seed(seed: int, epoch: int) -> int:
+    return seed * 100_003 + epoch
+
+
+class BatchOrder:
+    """The samples each step draws on process `rank` of `world`; iterating yields
+    (step in the epoch, this process's sample indices) for the current epoch.
+
+    Training shuffles and drops the last partial global batch (`drop_last`, unless the split is
+    smaller than one batch); evaluation keeps the order and every sample, repeating the first few
+    to give each process the same number (as torch's DistributedSampler does). Lightning calls
+    `set_epoch` before each epoch; `resume_at` skips the steps a killed run had already trained.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        drop_last: bool,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.size, self.batch_size = size, batch_size
+        self.seed, self.shuffle, self.rank, self.world = seed, shuffle, rank, world
+        self.global_batch = batch_size * world
+        self.drop_last = drop_last and size >= self.global_batch
+        self.epoch = 0
+        self._skip: dict[int, int] = {}  # epoch -> steps already trained in it
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def resume_at(self, epoch: int, steps_done: int) -> None:
+        self._skip[epoch] = steps_done
+
+    def _epoch_order(self) -> Tensor:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(shuffle_seed(self.seed, self.epoch))
+            order = torch.randperm(self.size, generator=generator)
+        else:
+            order = torch.arange(self.size)
+        if self.drop_last:
+            return order[: self.size // self.global_batch * self.global_batch]
+        short = -self.size % self.world
+        return torch.cat([order, order[:short]]) if short else order
+
+    def __len__(self) -> int:
+        """Steps in a whole epoch, the same on every process."""
+        if self.drop_last:
+            return self.size // self.global_batch
+        padded = self.size + (-self.size % self.world)
+        return -(-padded // self.global_batch)
+
+    def __iter__(self) -> Iterator[tuple[int, Tensor]]:
+        return self.on(torch.device("cpu"))
+
+    def on(self, device: torch.device) -> Iterator[tuple[int, Tensor]]:
+        """As iterating, with the indices on `device`: the epoch's order is copied there once,
+        from pinned memory, so no step waits for the GPU to take its indices."""
+        order = self._epoch_order()
+        if device.type == "cuda":
+            order = order.pin_memory().to(device, non_blocking=True)
+        full = len(order) // self.global_batch
+        rows = order[: full * self.global_batch].view(full, self.world, self.batch_size)
+        batches = list(rows[:, self.rank].unbind())
+        rest = order[full * self.global_batch :]
+        if len(rest):
+            batches.append(rest.view(self.world, -1)[self.rank])
+        first = self._skip.pop(self.epoch, 0)
+        return zip(range(first, len(batches)), batches[first:], strict=True)
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """Whole-batch augmentation and normalisation, on the device the batch is on.
+
+    uint8 images are scaled to [0, 1] first. `crop_padding` > 0: each image is padded with zeros
+    by that many pixels and a random crop of the original size taken; `flip`: half the images are
+    mirrored left to right. Both need a generator; without one (evaluation) only normalisation runs.
+    """
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_padding: int = 0
+    flip: bool = False
+
+    @property
+    def random(self) -> bool:
+        return self.crop_padding > 0 or self.flip
+
+    def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        if generator is not None and self.random:
+            images = self.crop_and_flip(images, generator)
+        scale, shift = self._affine(images.device, images.dtype)
+        return torch.addcmul(shift, images.float(), scale)
+
+    @functools.cache  # noqa: B019  # a few instances per run, each kept for the run anyway
+    def _affine(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(scale, shift) with normalised = stored * scale + shift, made on `device` once: a copy
+        from the host each step would make the CPU wait for the GPU."""
+        to_unit = 1 / 255 if dtype == torch.uint8 else 1.0
+        std = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        return (to_unit / std).to(device), (-mean / std).to(device)
+
+    def crop_and_flip(self, images: Tensor, generator: torch.Generator) -> Tensor:
+        n, channels, height, width = images.shape
+        device, pad = images.device, self.crop_padding
+        padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+        corner = torch.randint(0, 2 * pad + 1, (n, 2), device=device, generator=generator)
+        rows = corner[:, :1] + torch.arange(height, device=device)  # (N, H) into the padded image
+        cols = corner[:, 1:] + torch.arange(width, device=device)  # (N, W)
+        if self.flip:
+            mirrored = torch.rand(n, device=device, generator=generator) < 0.5
+            cols = torch.where(mirrored[:, None], cols.flip(-1), cols)
+        return padded[
+            torch.arange(n, device=device).view(n, 1, 1, 1),
+            torch.arange(channels, device=device).view(1, channels, 1, 1),
+            rows.view(n, 1, height, 1),
+            cols.view(n, 1, 1, width),
+        ]
+
+
+@dataclass(frozen=True)
+class HostLoading:
+    """How the host path's DataLoader runs (the data module's loader settings)."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+
+
+class ImageBatches:
+    """The batches of one split on this process: (images float32 (B, C, H, W), labels (B,)) on
+    `device`, augmented and normalised there. Without `loading`, `split` is on `device` and
+    batches are indexed there; with it, a DataLoader gathers them from `split` in host memory.
+    `epoch` says which epoch an iteration is (the shuffle depends on it); without it, call
+    `order.set_epoch` before each epoch.
+    """
+
+    def __init__(
+        self,
+        split: Split,
+        order: BatchOrder,
+        transform: ImageTransform,
+        device: torch.device,
+        loading: HostLoading | None = None,
+        epoch: Callable[[], int] | None = None,
+    ) -> None:
+        self.split, self.order, self.transform, self.device = split, order, transform, device
+        self.on_device = loading is None
+        self.epoch = epoch
+        self.dataset = split  # its length caps Lightning's batch-size finder
+        self.loader: DataLoader[Any] | None = None
+        if loading is not None:
+            workers = loading.num_workers > 0
+            self.loader = DataLoader(
+                split,  # type: ignore[arg-type]  # indexed with (step, indices), a batch a fetch
+                batch_size=None,
+                sampler=order,
+                num_workers=loading.num_workers,
+                pin_memory=loading.pin_memory,
+                persistent_workers=loading.persistent_workers and workers,
+                prefetch_factor=loading.prefetch_factor if workers else None,
+                # Its own generator: starting an iterator draws a seed, and drawing it from the
+                # global one would shift dropout's random numbers whenever a loader is (re)started
+                # (a resumed run starts one more than an unbroken one).
+                generator=torch.Generator().manual_seed(order.seed),
+            )
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        if self.epoch is not None:
+            # Read here rather than waiting for a set_epoch call: Lightning calls set_epoch only
+            # on objects shaped like a DataLoader's samplers, with a count that lags the trainer's
+            # epoch after a resume from a run stopped by max_steps (Lightning 2.6.6).
+            self.order.set_epoch(self.epoch())
+        generator = torch.Generator(self.device) if self.transform.random else None
+        for step, images, labels in self._stored_batches():
+            if generator is not None:
+                generator.manual_seed(self._batch_seed(step))
+            yield self.transform(images, generator), labels
+
+    def _batch_seed(self, step: int) -> int:
+        order = self.order
+        return (shuffle_seed(order.seed, order.epoch) * 1_000_003 + step) * 1009 + order.rank
+
+    def _stored_batches(self) -> Iterator[StoredBatch]:
+        if self.on_device:
+            for step, indices in self.order.on(self.device):
+                yield step, self.split.images[indices], self.split.labels[indices]
+        elif self.device.type == "cuda":
+            yield from copied_ahead(iter(self.loader or ()), self.device)
+        else:
+            yield from self.loader or ()
+
+
+def copied_ahead(batches: Iterator[StoredBatch], device: torch.device) -> Iterator[StoredBatch]:
+    """Host batches on `device`, each copied on a side stream while the step before it runs.
+
+    The copy of batch n+1 is queued before batch n is handed out; the training stream waits for
+    that copy (its own event, not the whole side stream) only when it reaches batch n+1. With
+    pinned host memory the copy then runs alongside the step's kernels, not before them.
+    """
+    side = torch.cuda.Stream(device)
+
+    def copy(batch: StoredBatch) -> tuple[StoredBatch, torch.cuda.Event]:
+        step, images, labels = batch
+        with torch.cuda.stream(side):
+            copied = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        return (step, *copied), done
+
+    ahead = next((copy(batch) for batch in batches), None)
+    while ahead is not None:
+        ready, done = ahead
+        ahead = next((copy(batch) for batch in batches), None)
+        training = torch.cuda.current_stream(device)
+        training.wait_event(done)
+        for tensor in ready[1:]:
+            # Made on the side stream, used on the training one: the allocator must not hand the
+            # memory out again before the training stream is done with it.
+            tensor.record_stream(training)
+        yield ready

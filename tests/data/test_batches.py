@@ -1,0 +1,194 @@
+"""Whole-batch data paths: the global sample order, its shards, both paths' equal batches."""
+
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import Tensor
+
+from volt.data import batches as batches_module
+from volt.data.batches import BatchOrder, HostLoading, ImageBatches, ImageTransform, Split
+from volt.data.digits import DigitsDataModule
+
+CIFAR_LIKE = ImageTransform((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), crop_padding=4, flip=True)
+
+
+def steps(order: BatchOrder, epoch: int = 0) -> list[list[int]]:
+    order.set_epoch(epoch)
+    return [indices.tolist() for _, indices in order]
+
+
+def images(n: int = 103) -> Split:
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=generator)
+    return Split(pixels, torch.arange(n))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_split_each_global_batch_of_one_process(world: int) -> None:
+    one = steps(BatchOrder(100, 12, seed=5, shuffle=True, drop_last=True), epoch=2)
+    ranks = [
+        steps(
+            BatchOrder(100, 12 // world, seed=5, shuffle=True, drop_last=True, rank=r, world=world),
+            2,
+        )
+        for r in range(world)
+    ]
+    assert len(one) == 100 // 12 and all(len(r) == len(one) for r in ranks)
+    for step, batch in enumerate(one):
+        assert [i for r in ranks for i in r[step]] == batch
+
+
+def test_evaluation_keeps_every_sample_and_gives_each_rank_as_many_steps() -> None:
+    ranks = [
+        steps(BatchOrder(11, 2, seed=0, shuffle=False, drop_last=False, rank=r, world=2))
+        for r in range(2)
+    ]
+    seen = [i for r in ranks for batch in r for i in batch]
+    assert sorted(set(seen)) == list(range(11))
+    assert len(seen) == 12  # one sample repeated so both ranks take 6
+    assert [len(b) for b in ranks[0]] == [len(b) for b in ranks[1]] == [2, 2, 2]
+    assert len(BatchOrder(11, 2, seed=0, shuffle=False, drop_last=False, world=2)) == 3
+
+
+def test_a_resumed_epoch_goes_on_with_the_steps_it_would_have_drawn_on_any_rank() -> None:
+    for rank in range(2):
+        whole = BatchOrder(64, 4, seed=9, shuffle=True, drop_last=True, rank=rank, world=2)
+        resumed = BatchOrder(64, 4, seed=9, shuffle=True, drop_last=True, rank=rank, world=2)
+        resumed.resume_at(epoch=1, steps_done=3)
+        resumed.set_epoch(1)
+        whole.set_epoch(1)
+        assert [(s, i.tolist()) for s, i in resumed] == [(s, i.tolist()) for s, i in whole][3:]
+        assert steps(resumed, 1) == steps(whole, 1)  # the next pass is a whole epoch again
+
+
+def batches_of(path: ImageBatches, epoch: int) -> list[tuple[Tensor, Tensor]]:
+    path.order.set_epoch(epoch)
+    return list(path)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_path_gives_the_on_device_path_s_batches_bit_for_bit(workers: int) -> None:
+    def path(loading: HostLoading | None) -> ImageBatches:
+        order = BatchOrder(103, 16, seed=3, shuffle=True, drop_last=True)
+        return ImageBatches(images(), order, CIFAR_LIKE, torch.device("cpu"), loading)
+
+    on_device, host = path(None), path(HostLoading(num_workers=workers))
+    for epoch in (0, 1):
+        ours, theirs = batches_of(on_device, epoch), batches_of(host, epoch)
+        assert len(ours) == len(theirs) == 103 // 16
+        for (x, y), (x2, y2) in zip(ours, theirs, strict=True):
+            assert x.dtype == torch.float32 and x.shape == (16, 3, 8, 8)
+            assert torch.equal(x, x2) and torch.equal(y, y2)
+    # and the augmentation draws afresh each epoch
+    assert not torch.equal(batches_of(on_device, 0)[0][0], batches_of(on_device, 1)[0][0])
+
+
+def test_the_dataloader_fetches_a_whole_batch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    fetches: list[int] = []
+    original = Split.__getitem__
+
+    def counted(self: Split, step_and_indices: tuple[int, Tensor]) -> tuple[int, Tensor, Tensor]:
+        fetches.append(len(step_and_indices[1]))
+        return original(self, step_and_indices)
+
+    monkeypatch.setattr(Split, "__getitem__", counted)
+    order = BatchOrder(103, 16, seed=3, shuffle=True, drop_last=True)
+    path = ImageBatches(images(), order, CIFAR_LIKE, torch.device("cpu"), HostLoading())
+    assert len(list(path)) == 6
+    assert fetches == [16] * 6
+
+
+def test_normalisation_scales_uint8_to_unit_range_first() -> None:
+    stored = torch.tensor([0, 255], dtype=torch.uint8).view(2, 1, 1, 1)
+    out = ImageTransform((0.5,), (0.5,))(stored)
+    assert out.flatten().tolist() == pytest.approx([-1.0, 1.0])
+    floats = torch.tensor([0.0, 1.0]).view(2, 1, 1, 1)
+    assert ImageTransform((0.5,), (0.5,))(floats).flatten().tolist() == pytest.approx([-1.0, 1.0])
+
+
+@pytest.mark.parametrize(("free_bytes", "expected"), [(10**9, True), (10**5, False)])
+def test_auto_keeps_data_on_the_gpu_when_it_fits_in_a_share_of_free_memory(
+    monkeypatch: pytest.MonkeyPatch, free_bytes: int, expected: bool
+) -> None:
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free_bytes, 2 * free_bytes))
+    dm = DigitsDataModule(batch_size=64, val_fraction=0.15, test_fraction=0.15)
+    dm.setup()
+    stored = sum(s.nbytes for s in (dm.train_set, dm.val_set, dm.test_set) if s)
+    assert (stored <= batches_module.AUTO_SHARE * free_bytes) == expected  # the case is as named
+    assert dm._keep_on(torch.device("cuda")) is expected
+    assert dm._keep_on(torch.device("cpu")) is False
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_on_device_true_or_false_is_taken_as_said_on_any_device(value: bool) -> None:
+    dm = DigitsDataModule(batch_size=64, on_device=value)
+    assert dm._keep_on(torch.device("cpu")) is value
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_on_device_refuses_other_values_naming_the_key(value: object) -> None:
+    with pytest.raises(ValueError, match=r"data\.on_device=.* must be auto, true or false"):
+        DigitsDataModule(batch_size=64, on_device=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_batches_copied_ahead_on_a_side_stream_equal_the_host_batches() -> None:
+    device = torch.device("cuda")
+    order = BatchOrder(103, 16, seed=3, shuffle=True, drop_last=True)
+    host = ImageBatches(images(), order, CIFAR_LIKE, device, HostLoading(pin_memory=True))
+    on_gpu = ImageBatches(images().to(device), order, CIFAR_LIKE, device)
+    for (x, y), (x2, y2) in zip(batches_of(host, 0), batches_of(on_gpu, 0), strict=True):
+        assert x.device.type == x2.device.type == "cuda"
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+class SeenLabels(pl.Callback):
+    def __init__(self) -> None:
+        self.by_epoch: dict[int, list[int]] = {}
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.by_epoch.setdefault(trainer.current_epoch, []).extend(batch[1].tolist())
+
+
+class Linear(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(64, 10)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x.flatten(1)), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def labels_seen_in_a_fit(on_device: bool) -> dict[int, list[int]]:
+    seen = SeenLabels()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[seen],
+    )
+    torch.manual_seed(4)
+    data = DigitsDataModule(
+        batch_size=256, val_fraction=0.15, test_fraction=0.15, on_device=on_device
+    )
+    trainer.fit(Linear(), datamodule=data)
+    return seen.by_epoch
+
+
+def test_a_lightning_fit_draws_a_fresh_shuffle_each_epoch_on_either_path() -> None:
+    on_device, host = labels_seen_in_a_fit(True), labels_seen_in_a_fit(False)
+    assert on_device == host
+    assert sorted(on_device) == [0, 1, 2]
+    assert len({tuple(labels) for labels in on_device.values()}) == 3
