@@ -192,3 +192,10 @@ def test_a_lightning_fit_draws_a_fresh_shuffle_each_epoch_on_either_path() -> No
     assert on_device == host
     assert sorted(on_device) == [0, 1, 2]
     assert len({tuple(labels) for labels in on_device.values()}) == 3
+
+
+def test_any_torch_seed_gives_a_valid_augmentation_seed() -> None:
+    order = BatchOrder(64, 8, seed=2**31 - 1, shuffle=True, drop_last=True, rank=3, world=4)
+    order.set_epoch(10_000)
+    path = ImageBatches(images(64), order, CIFAR_LIKE, torch.device("cpu"))
+    assert len(list(path)) == 2  # seeding each batch's generator raised OverflowError

@@ -250,7 +250,8 @@ class ImageBatches:
 
     def _batch_seed(self, step: int) -> int:
         order = self.order
-        return (shuffle_seed(order.seed, order.epoch) * 1_000_003 + step) * 1009 + order.rank
+        mixed = (shuffle_seed(order.seed, order.epoch) * 1_000_003 + step) * 1009 + order.rank
+        return mixed % 2**63  # what a generator's seed holds
 
     def _stored_batches(self) -> Iterator[StoredBatch]:
         if self.on_device:
