@@ -8,9 +8,10 @@ The corpus (this Python's standard library sources, read as volt.data.text_bytes
 sits on the device as one uint8 tensor and every step draws its random windows there: no
 DataLoader, no host-to-device copy. AdamW (fused on CUDA) over the net's two parameter groups;
 bf16 autocast by default on CUDA. After warm-up steps (which absorb compilation) the timed steps
-run without a host sync; the result is tokens per second and, on a GPU in PEAK_TFLOPS, the model
-FLOPs utilisation (MFU): the net's training FLOPs per token times tokens per second over the
-device's peak. The last line printed is the result as JSON.
+run without a host sync; the result is tokens per second and, on a GPU whose peak volt knows
+(volt.callbacks.token_throughput.PEAK_TFLOPS, the table the TokenThroughput callback reads too),
+the model FLOPs utilisation (MFU): the net's training FLOPs per token times tokens per second over
+the device's peak. The last line printed is the result as JSON.
 """
 
 import argparse
@@ -20,24 +21,9 @@ import time
 import torch
 from torch import Tensor
 
+from volt.callbacks.token_throughput import peak_tflops
 from volt.data.text_bytes import read_corpus, stdlib_sources
 from volt.nets.gpt import GPT
-
-# Dense peak TFLOP/s from NVIDIA's datasheets (tf32: fp32 matmuls on tensor cores; fp32: without
-# them). The first name contained in the device's name wins, so "H100 PCIe" comes before "H100".
-PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H100 PCIe": {"bf16": 756.0, "tf32": 378.0, "fp32": 51.2},
-    "H100": {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0},  # SXM
-    "H200": {"bf16": 989.0, "tf32": 495.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},
-}
-
-
-def peak_tflops(device: torch.device, precision: str) -> float | None:
-    if device.type != "cuda":
-        return None  # no MFU on the CPU: its peak depends on cores, clocks and vector units
-    name = torch.cuda.get_device_name(device)
-    return next((peaks[precision] for key, peaks in PEAK_TFLOPS.items() if key in name), None)
 
 
 def draw_batch(corpus: Tensor, batch_size: int, block_size: int) -> tuple[Tensor, Tensor]:

@@ -120,6 +120,18 @@ def test_batches_are_int64_windows_with_targets_shifted_by_one(
     assert torch.equal((starts[1:] - starts[:-1]) % 256, torch.full((5,), 4))  # side by side
 
 
+def test_predict_continues_the_prompt_given_or_the_start_of_the_test_split(
+    tmp_path: Path, every_byte_once: list[str]
+) -> None:
+    data = make(tmp_path / "cache", every_byte_once, block_size=8, prompt="déf")
+    (batch,) = list(data.predict_dataloader())
+    assert torch.equal(batch[0], torch.tensor([list("déf".encode())]))  # UTF-8 bytes, (1, T0)
+    data = make(tmp_path / "cache", every_byte_once, block_size=8)
+    (batch,) = list(data.predict_dataloader())
+    start = data.test_set.begin % 256  # type: ignore[union-attr]  # byte i sits at position i
+    assert batch[0].tolist() == [[(start + i) % 256 for i in range(4)]]  # block_size // 2 bytes
+
+
 def test_training_windows_are_a_function_of_seed_and_epoch(
     tmp_path: Path, prose: list[str]
 ) -> None:
@@ -206,6 +218,8 @@ def test_bad_settings_fail_with_the_key_and_a_fix(tmp_path: Path, prose: list[st
         make(tmp_path / "cache", [str(tmp_path / "missing.txt")])
     with pytest.raises(ValueError, match=r"the test split holds .* raise data.test_fraction"):
         make(tmp_path / "cache", prose, test_fraction=0.0005)
+    with pytest.raises(ValueError, match=r"data.prompt is empty"):
+        TextBytesDataModule(cache_dir=tmp_path, prompt="")
 
 
 class RecordingModel(pl.LightningModule):

@@ -1,8 +1,9 @@
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
@@ -119,6 +120,34 @@ def test_predict_continues_each_prompt(trained: Trained) -> None:
     assert out["continuation"].shape == (2, 8)
     assert torch.equal(out["prompt"], prompts)
     assert [len(text.encode()) >= 1 for text in out["text"]] == [True, True]
+
+
+@pytest.mark.parametrize(("fused", "expected"), [(None, False), (True, True), (False, False)])
+def test_fused_optimizer_on_the_cpu_only_when_asked(fused: bool | None, expected: bool) -> None:
+    model = LanguageModel(small_gpt(), partial(torch.optim.AdamW, lr=1e-3), fused_optimizer=fused)
+    optimizer = model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert bool(optimizer.defaults["fused"]) is expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_optimizer_by_default_on_cuda() -> None:
+    model = LanguageModel(small_gpt(), partial(torch.optim.AdamW, lr=1e-3)).cuda()
+    optimizer = model.configure_optimizers()
+    assert isinstance(optimizer, torch.optim.AdamW)
+    assert optimizer.defaults["fused"] is True
+
+
+def test_an_optimizer_without_a_fused_step_is_built_as_given() -> None:
+    def sgd(params: Iterable[Any]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.1)
+
+    assert isinstance(LanguageModel(small_gpt(), sgd).configure_optimizers(), torch.optim.SGD)
+    with pytest.raises(ValueError, match=r"model.fused_optimizer=true, but .*sgd.* has no fused"):
+        LanguageModel(small_gpt(), sgd, fused_optimizer=True)
+    with pytest.raises(ValueError, match=r"model.optimizer.fused=True would be overridden"):
+        LanguageModel(small_gpt(), partial(torch.optim.AdamW, fused=True))
 
 
 def test_an_optimizer_decay_that_the_groups_would_override_is_refused() -> None:

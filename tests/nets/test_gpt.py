@@ -52,6 +52,35 @@ def test_a_future_token_does_not_change_earlier_logits(dropout: float) -> None:
     assert not torch.allclose(after[:, 9:], before[:, 9:])  # the change is seen from there on
 
 
+def test_without_tying_the_head_has_its_own_table_and_counts_it_once() -> None:
+    tied, untied = small_gpt(), small_gpt(tie_weights=False)
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    table = V * WIDTH
+    assert untied.num_params(non_embedding=False) == tied.num_params(non_embedding=False) + table
+    # The token table is then a lookup only, the head a matrix product like the blocks' own.
+    assert untied.num_params() == tied.num_params()
+    decay, _ = untied.param_groups(0.1)
+    assert any(p is untied.lm_head.weight for p in decay["params"])
+    assert any(p is untied.tok_emb.weight for p in decay["params"])
+
+
+def test_written_out_attention_computes_what_sdpa_does() -> None:
+    fused, written = small_gpt(), small_gpt(sdpa=False)
+    written.load_state_dict(fused.state_dict())
+    idx = tokens(3, BLOCK)
+    torch.testing.assert_close(written(idx), fused(idx), rtol=1e-4, atol=1e-5)
+
+
+def test_written_out_attention_drops_weights_in_training_only() -> None:
+    attention = small_gpt(sdpa=False, dropout=0.5).blocks[0].attn
+    x = torch.randn(2, BLOCK, WIDTH)
+    evaluated = attention.eval()(x)
+    torch.testing.assert_close(attention(x), evaluated)
+    attention.train()
+    attention.resid_dropout.p = 0.0  # only the attention weights' own dropout is left
+    assert not torch.allclose(attention(x), evaluated)
+
+
 def test_lm_head_shares_the_token_embedding() -> None:
     net = small_gpt()
     assert net.lm_head.weight is net.tok_emb.weight
@@ -84,8 +113,9 @@ def test_residual_projections_start_smaller_with_depth() -> None:
         assert projection.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)  # sqrt(2*8)
 
 
-def test_flops_per_token_matches_a_count_of_the_real_training_step() -> None:
-    net = small_gpt()
+@pytest.mark.parametrize("tie_weights", [True, False])
+def test_flops_per_token_matches_a_count_of_the_real_training_step(tie_weights: bool) -> None:
+    net = small_gpt(tie_weights=tie_weights)
     assert net.flops_per_token() == 6 * net.num_params() + 12 * LAYERS * WIDTH * BLOCK
     idx = tokens(4, BLOCK)
     # The math kernel: its matrix products are counted like the rest (fused CPU kernels are not).
@@ -132,8 +162,24 @@ def test_generate_with_top_k_1_is_greedy_on_the_last_block() -> None:
     assert torch.equal(out, idx)
 
 
-def test_gradients_reach_every_parameter() -> None:
-    net = small_gpt(bias=True, dropout=0.1)
+def test_generate_with_a_generator_repeats_itself_and_leaves_the_global_stream_alone() -> None:
+    net = small_gpt().eval()
+    prompt = tokens(2, 4)
+    torch.manual_seed(5)
+    untouched = torch.rand(3)
+    torch.manual_seed(5)
+    first = net.generate(prompt, 12, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(torch.rand(3), untouched)  # the global stream moved by nothing
+    second = net.generate(prompt, 12, generator=torch.Generator().manual_seed(7))
+    other = net.generate(prompt, 12, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(first, second)
+    assert not torch.equal(first, other)
+
+
+@pytest.mark.parametrize("tie_weights", [True, False])
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_gradients_reach_every_parameter(tie_weights: bool, sdpa: bool) -> None:
+    net = small_gpt(bias=True, dropout=0.1, tie_weights=tie_weights, sdpa=sdpa)
     loss = nn.functional.cross_entropy(net(tokens(2, 8)).flatten(0, 1), tokens(2, 8, 2).flatten())
     loss.backward()
     for name, parameter in net.named_parameters():

@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 Batch = tuple[Tensor, Tensor]  # inputs and targets, int64 (B, T)
 
@@ -135,6 +135,8 @@ class TextBytesDataModule(pl.LightningDataModule):
     Training draws random windows, `steps_per_epoch` batches to an epoch (set the run's length
     with max_steps); validation and test read their stretch once in non-overlapping windows.
     `batch_size` is global: under DDP each of N processes loads batch_size / N windows.
+    Prediction continues `prompt` (its UTF-8 bytes), or, when it is None, the first
+    block_size // 2 bytes of the test split.
     """
 
     vocab_size = 256
@@ -154,8 +156,11 @@ class TextBytesDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         pin_memory: bool | None = None,
         persistent_workers: bool = False,
+        prompt: str | None = None,
     ) -> None:
         super().__init__()
+        if prompt == "":
+            raise ValueError("data.prompt is empty: give some text to continue, or null")
         for name, fraction in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
             if not 0 < fraction < 1:
                 raise ValueError(f"data.{name}={fraction} must be between 0 and 1, e.g. 0.05")
@@ -182,6 +187,7 @@ class TextBytesDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
+        self.prompt = prompt
         self.train_set: ByteWindows | None = None
         self.val_set: ByteWindows | None = None
         self.test_set: ByteWindows | None = None
@@ -296,6 +302,14 @@ class TextBytesDataModule(pl.LightningDataModule):
     def test_dataloader(self) -> DataLoader[Batch]:
         assert self.test_set is not None, "call setup() first"
         return self._loader(self.test_set)
+
+    def predict_dataloader(self) -> DataLoader[tuple[Tensor, ...]]:
+        if self.prompt is not None:
+            prompt = torch.tensor(list(self.prompt.encode()), dtype=torch.int64)
+        else:
+            assert self.test_set is not None, "call setup() first"
+            prompt = self.test_set[0][0][: max(1, self.block_size // 2)]
+        return DataLoader(TensorDataset(prompt[None]), batch_size=1)  # one (1, T0) batch
 
     def _loader(
         self, dataset: ByteWindows, sampler: RandomWindowSampler | None = None

@@ -1,11 +1,13 @@
 """The byte-level language-modelling task: next-byte cross-entropy, bits per byte, sampling."""
 
 import functools
+import inspect
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import lightning.pytorch as pl
+import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
@@ -13,7 +15,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric, MinMetric
 
-OptimizerFactory = Callable[[Iterable[Any]], Optimizer]  # parameters or parameter groups
+# Called with parameters or parameter groups, and `fused=` where the optimiser has that switch.
+OptimizerFactory = Callable[..., Optimizer]
 SchedulerFactory = Callable[[Optimizer], LRScheduler]
 Batch = tuple[Tensor, Tensor]  # inputs and targets, (B, T) token indices
 
@@ -26,8 +29,24 @@ class HasParamGroups(Protocol):
 @runtime_checkable
 class Generates(Protocol):
     def generate(
-        self, idx: Tensor, max_new_tokens: int, temperature: float, top_k: int | None
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        generator: torch.Generator | None,
     ) -> Tensor: ...
+
+
+@runtime_checkable
+class CountsFlops(Protocol):
+    def flops_per_token(self) -> int: ...
+
+
+def takes_fused(factory: OptimizerFactory) -> bool:
+    """Whether the optimiser the factory builds has torch's `fused` switch (Adam, AdamW, SGD)."""
+    target = factory.func if isinstance(factory, functools.partial) else factory
+    return "fused" in inspect.signature(target).parameters
 
 
 class LanguageModel(pl.LightningModule):
@@ -35,9 +54,11 @@ class LanguageModel(pl.LightningModule):
 
     `optimizer` and `scheduler` are partials (Hydra's `_partial_: true`) completed here. A net
     with `param_groups(weight_decay)` chooses which of its tensors decay, by `weight_decay`;
-    other nets get `optimizer(parameters)` and the optimiser's own decay. Bits per byte (bpb) is
-    the loss in base 2: 8 is no better than guessing uniformly. Only plain values go into
-    hparams, so checkpoints load with weights_only=True.
+    other nets get `optimizer(parameters)` and the optimiser's own decay. `fused_optimizer`
+    picks torch's fused optimiser step (one kernel over all parameters instead of several per
+    tensor) for optimisers that have one; None uses it where the parameters are on CUDA. Bits per
+    byte (bpb) is the loss in base 2: 8 is no better than guessing uniformly. Only plain values go
+    into hparams, so checkpoints load with weights_only=True.
     """
 
     def __init__(
@@ -50,8 +71,21 @@ class LanguageModel(pl.LightningModule):
         max_new_tokens: int = 256,
         temperature: float = 1.0,
         top_k: int | None = None,
+        fused_optimizer: bool | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(optimizer, functools.partial) and "fused" in optimizer.keywords:
+            value = optimizer.keywords["fused"]
+            raise ValueError(
+                f"model.optimizer.fused={value} would be overridden: the LanguageModel chooses it "
+                f"from model.fused_optimizer; set model.fused_optimizer={value} and remove "
+                "model.optimizer.fused"
+            )
+        if fused_optimizer and not takes_fused(optimizer):
+            raise ValueError(
+                f"model.fused_optimizer=true, but {getattr(optimizer, 'func', optimizer)} has no "
+                "fused step: use torch.optim.AdamW, Adam or SGD, or model.fused_optimizer=null"
+            )
         if (
             isinstance(net, HasParamGroups)
             and isinstance(optimizer, functools.partial)
@@ -72,6 +106,7 @@ class LanguageModel(pl.LightningModule):
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.top_k = top_k
+        self.fused_optimizer = fused_optimizer
         # Epoch means over all tokens, reduced over all processes when torchmetrics syncs. Their
         # NaN check reads each value back (one host sync per evaluation batch); the check's
         # off switch, nan_strategy="disable", would also drop the weights (torchmetrics 1.9).
@@ -82,6 +117,26 @@ class LanguageModel(pl.LightningModule):
 
     def forward(self, idx: Tensor) -> Tensor:
         return self.net(idx)  # (B, T) -> (B, T, V)
+
+    def flops_per_token(self) -> int | None:
+        """The net's training FLOPs per token (forward and backward), if it counts them."""
+        return self.net.flops_per_token() if isinstance(self.net, CountsFlops) else None
+
+    def generate(
+        self,
+        idx: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """(B, T0) -> (B, T0 + max_new_tokens) from the net's own sampler."""
+        if not isinstance(self.net, Generates):
+            raise TypeError(
+                f"{type(self.net).__name__} has no generate(): sampling continues text with the "
+                "net, so use one that can, such as volt.nets.gpt.GPT"
+            )
+        return self.net.generate(idx, max_new_tokens, temperature, top_k, generator)
 
     def loss(self, batch: Batch) -> Tensor:
         x, y = batch
@@ -125,13 +180,8 @@ class LanguageModel(pl.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         """Continues the prompts in batch[0], (B, T0) token indices (a test batch's inputs, or a
         DataLoader over a TensorDataset of prompts)."""
-        if not isinstance(self.net, Generates):
-            raise TypeError(
-                f"{type(self.net).__name__} has no generate(): prediction samples from the net, "
-                "so use one that can, such as volt.nets.gpt.GPT"
-            )
         prompts = batch[0]
-        tokens = self.net.generate(prompts, self.max_new_tokens, self.temperature, self.top_k)
+        tokens = self.generate(prompts, self.max_new_tokens, self.temperature, self.top_k)
         continuation = tokens[:, prompts.size(1) :]  # (B, max_new_tokens)
         return {
             "prompt": prompts,
@@ -141,10 +191,15 @@ class LanguageModel(pl.LightningModule):
         }
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
+        options = {}
+        if takes_fused(self.optimizer_factory):
+            # Lightning calls this once the parameters are on their device.
+            fused = self.fused_optimizer
+            options["fused"] = self.device.type == "cuda" if fused is None else fused
         if isinstance(self.net, HasParamGroups):
-            optimizer = self.optimizer_factory(self.net.param_groups(self.weight_decay))
+            optimizer = self.optimizer_factory(self.net.param_groups(self.weight_decay), **options)
         else:
-            optimizer = self.optimizer_factory(self.parameters())
+            optimizer = self.optimizer_factory(self.parameters(), **options)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

@@ -19,6 +19,11 @@ class GPTConfig:
     n_embd: int = 384
     dropout: float = 0.0
     bias: bool = False  # biases in Linear and LayerNorm layers: a little slower, no better
+    # The LM head reuses the token table: one vocab_size x n_embd matrix instead of two.
+    tie_weights: bool = True
+    # False: attention written out (scores, mask, softmax), a (T, T) matrix per head held for the
+    # backward pass: the reference the fused kernels are checked against.
+    sdpa: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -39,6 +44,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = config.n_head
         self.dropout = config.dropout
+        self.sdpa = config.sdpa
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -50,11 +56,25 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        # is_causal instead of a mask tensor: that is what lets PyTorch pick the flash kernel.
         dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        if self.sdpa:
+            # is_causal instead of a mask tensor: that is what lets PyTorch pick the flash kernel.
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            y = written_out_attention(q, k, v, dropout, self.training)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads side by side again
         return self.resid_dropout(self.proj(y))
+
+
+def written_out_attention(
+    q: Tensor, k: Tensor, v: Tensor, dropout: float, training: bool
+) -> Tensor:
+    """Causal attention step by step: what scaled_dot_product_attention computes in one kernel."""
+    T = q.size(-2)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, nh, T, T)
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(diagonal=1)
+    weights = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    return F.dropout(weights, dropout, training) @ v  # (B, nh, T, hs)
 
 
 class MLP(nn.Module):
@@ -97,9 +117,13 @@ class GPT(nn.Module):
         n_embd: int = 384,
         dropout: float = 0.0,
         bias: bool = False,
+        tie_weights: bool = True,
+        sdpa: bool = True,
     ) -> None:
         super().__init__()
-        config = GPTConfig(vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias)
+        config = GPTConfig(
+            vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias, tie_weights, sdpa
+        )
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos_emb = nn.Embedding(config.block_size, config.n_embd)
@@ -107,9 +131,9 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # Weight tying: the head scores a token by its similarity to that token's embedding,
-        # and the model has one vocab_size x n_embd table instead of two.
-        self.lm_head.weight = self.tok_emb.weight
+        if config.tie_weights:
+            # The head scores a token by its similarity to that token's embedding.
+            self.lm_head.weight = self.tok_emb.weight
 
         self.apply(self._init_weights)
         # Every block adds two projections to the residual stream; scaling them down keeps its
@@ -142,11 +166,13 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters, each shared tensor once. non_embedding leaves out the position table; the
-        token table stays in, since it also serves as the LM head's weight."""
+        """Parameters, each shared tensor once. non_embedding leaves out the tables that are only
+        looked up: the position table, and the token table unless it is the LM head's weight."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.pos_emb.weight.numel()
+            if not self.config.tie_weights:
+                n -= self.tok_emb.weight.numel()
         return n
 
     def flops_per_token(self) -> int:
@@ -175,9 +201,11 @@ class GPT(nn.Module):
         max_new_tokens: int,
         temperature: float = 1.0,
         top_k: int | None = None,
+        generator: torch.Generator | None = None,
     ) -> Tensor:
         """(B, T0) -> (B, T0 + max_new_tokens): sample one token at a time, each conditioned on
-        at most the last block_size tokens. Call .eval() first, or dropout stays on."""
+        at most the last block_size tokens. Call .eval() first, or dropout stays on. A
+        `generator` (on idx's device) keeps the draws off torch's global random stream."""
         if temperature <= 0:
             raise ValueError(f"temperature={temperature} must be positive, e.g. temperature=1.0")
         for _ in range(max_new_tokens):
@@ -187,5 +215,5 @@ class GPT(nn.Module):
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
+            idx = torch.cat((idx, torch.multinomial(probs, 1, generator=generator)), dim=1)
         return idx
