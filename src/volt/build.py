@@ -212,7 +212,8 @@ def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:
         # Before 2026-11-23 channels_last was an argument of volt's Classifier.
         channels_last = stored.model.pop("channels_last", False) or stored.get("channels_last")
     data = cfg.data if cfg.get("data") is not None else stored.data
-    overrides = {k: v for k, v in (("batch_size", cfg.batch_size), ("root", cfg.data_root)) if v}
+    given = (("batch_size", cfg.batch_size), ("root", cfg.data_root), ("prompt", cfg.prompt))
+    overrides = {k: v for k, v in given if v}
     datamodule = build_datamodule(data, trusted, **overrides)
     model = build_model(stored.model, datamodule, task.from_data, trusted)
     toggles = OmegaConf.create(
