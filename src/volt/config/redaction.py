@@ -166,12 +166,13 @@ def refuse_literal_secrets(config: DictConfig) -> None:
     """
     overrides = typed_overrides(config)
     _refuse_literal_sweeps(overrides)
-    marks = _EnvMarks()
     raw = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
+    leaves = [(path, value) for path, value in _secret_leaves(raw) if not _harmless(value)]
+    if not leaves:
+        return  # the usual case: the marked copy below costs more than everything else here
+    marks = _EnvMarks()
     marked = OmegaConf.create(marks.mark(raw))
-    for path, value in _secret_leaves(raw):
-        if _harmless(value):
-            continue
+    for path, value in leaves:
         if isinstance(value, str) and "${" in value:
             try:
                 value = _select(marked, path)
@@ -217,7 +218,9 @@ def redacted_container(cfg: DictConfig) -> dict[str, Any]:
     marks = _EnvMarks()
     raw = OmegaConf.to_container(cfg, resolve=False)
     real = OmegaConf.to_container(cfg, resolve=True)
-    seen = OmegaConf.to_container(OmegaConf.create(marks.mark(raw)), resolve=True)
+    marked = marks.mark(raw)
+    # Without an env call the marked copy resolves to `real`: resolving it would only cost time.
+    seen = OmegaConf.to_container(OmegaConf.create(marked), resolve=True) if marks.calls else real
     to_check: list[KeyPath] = []
     redacted = _redact(real, seen, raw, marks, (), to_check)
     for path in to_check:

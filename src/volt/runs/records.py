@@ -88,6 +88,32 @@ def _git(*args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
+def installed_packages() -> list[str]:
+    """`name==version` of every installed distribution, sorted, read from the header of its core
+    metadata: `Distribution.metadata` parses the whole file, long description included, and
+    `.version` parses it a second time (0.4 s for 115 packages, against 0.03 s for the headers)."""
+    packages = []
+    for dist in metadata.distributions():
+        # The files importlib.metadata itself tries, in its order ("": an egg-info file).
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or dist.read_text("")
+        header: dict[str, str] = {}
+        for field, value in _metadata_header(text or ""):
+            header.setdefault(field, value)  # the first, as the email parser reads a field
+        packages.append(f"{header.get('Name')}=={header.get('Version')}")
+    return sorted(packages)
+
+
+def _metadata_header(text: str) -> Iterator[tuple[str, str]]:
+    """The `Field: value` lines before the first blank line, where the description begins; a
+    line that starts with white space continues the field before it."""
+    for line in text.splitlines():
+        if not line.strip():
+            return
+        field, colon, value = line.partition(":")
+        if colon and not line[0].isspace():
+            yield field, value.strip()
+
+
 @contextmanager
 def run_record(run_dir: Path) -> Iterator[None]:
     """run.json: command line, git commit, start/end time and how the run ended; beside it the
@@ -108,8 +134,7 @@ def run_record(run_dir: Path) -> Iterator[None]:
     }
     if diff:
         (run_dir / "git.diff").write_text(diff)
-    packages = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
-    (run_dir / "packages.txt").write_text("\n".join(packages) + "\n")
+    (run_dir / "packages.txt").write_text("\n".join(installed_packages()) + "\n")
     path = run_dir / "run.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     try:
