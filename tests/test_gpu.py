@@ -3,6 +3,8 @@ load into an eager net), and what volt says after a CUDA out-of-memory."""
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from volt import gpu
+from volt.config import PROJECT_ROOT
 from volt.eval import evaluate
 from volt.training import train
 
@@ -104,3 +107,34 @@ def test_compiled_checkpoint_round_trip_on_gpu(compose_config: Compose, fast: li
             "compile=reduce-overhead",
         ),
     )
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("sync_batchnorm", ["true", "false"])
+def test_reduce_overhead_trains_under_ddp(tmp_path: Path, sync_batchnorm: str) -> None:
+    """CUDA graphs under trainer=ddp (one GPU: the DDP wrapper, its reducer and volt's
+    SyncBatchNorm all in the step): the run trains, tests and keeps its accuracy."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "trainer=ddp",
+            "trainer.devices=1",
+            f"trainer.sync_batchnorm={sync_batchnorm}",
+            "model=cnn",
+            "compile=reduce-overhead",
+            "precision=bf16-mixed",
+            "trainer.max_epochs=3",
+            "callbacks.progress_bar=null",
+            "logger=csv",
+            f"paths.outputs_dir={tmp_path}",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads(next(tmp_path.glob("train/runs/*/metrics.json")).read_text())
+    assert metrics["metrics"]["test/acc"] > 0.8, metrics
