@@ -1,6 +1,6 @@
-"""FiniteGuard stops a real Trainer at the step whose loss or gradient is NaN or inf (on the CPU
-before the optimizer touches the weights; on a GPU, when the verdict reaches the host) and leaves
-the newest checkpoint at the last finite step."""
+"""FiniteGuard stops a real Trainer at its first check after a step whose loss or gradient is NaN
+or inf, names that step, reads nothing on the host between checks, and leaves the newest
+checkpoint at the last finite step."""
 
 import math
 from collections.abc import Callable
@@ -14,7 +14,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from volt.callbacks import finite_guard
+from tests.sync_counter import SyncCounter, per_step, read_counts
 from volt.callbacks.finite_guard import FiniteGuard, NonFiniteLossError
 
 BAD_STEP = 3
@@ -61,17 +61,27 @@ def batches() -> DataLoader:
     return DataLoader(TensorDataset(x, y), batch_size=8)
 
 
-def trainer(tmp_path: Path, max_steps: int = BAD_STEP + 5, **kwargs: object) -> pl.Trainer:
-    every_step = ModelCheckpoint(
-        tmp_path / "checkpoints", filename="{step}", every_n_train_steps=1, save_top_k=-1
-    )
+def trainer(
+    tmp_path: Path,
+    max_steps: int = BAD_STEP + 5,
+    guard: FiniteGuard | None = None,
+    checkpoint_every_step: bool = True,
+    **kwargs: object,
+) -> pl.Trainer:
+    callbacks: list[pl.Callback] = [guard or FiniteGuard()]
+    if checkpoint_every_step:
+        callbacks.append(
+            ModelCheckpoint(
+                tmp_path / "checkpoints", filename="{step}", every_n_train_steps=1, save_top_k=-1
+            )
+        )
     kwargs.setdefault("accelerator", "cpu")
     # One device, also where there are more: Lightning would otherwise start DDP over all of them
     # by re-running this test session's command line in a process per GPU.
     kwargs.setdefault("devices", 1)
     return pl.Trainer(
         max_steps=max_steps,
-        callbacks=[FiniteGuard(), every_step],
+        callbacks=callbacks,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -93,12 +103,12 @@ def newest_checkpoint(directory: Path) -> dict:
     ],
     ids=["nan-loss", "inf-gradient"],
 )
-def test_stops_before_the_step_and_the_newest_checkpoint_is_the_last_finite_one(
+def test_checking_every_step_stops_before_the_bad_step_changes_the_weights(
     poison: dict[str, int], names: str, tmp_path: Path
 ) -> None:
     model = TwoLayers(**poison)
     with pytest.raises(NonFiniteLossError) as raised:
-        trainer(tmp_path).fit(model, batches())
+        trainer(tmp_path, guard=FiniteGuard(check_every_n_steps=1)).fit(model, batches())
 
     message = str(raised.value)
     assert names in message
@@ -153,32 +163,68 @@ def test_a_nan_loss_in_any_accumulated_micro_batch_stops_training(tmp_path: Path
     assert newest_checkpoint(tmp_path / "checkpoints")["global_step"] == BAD_STEP
 
 
-class NeverReady:
-    """A GPU far behind the CPU: no verdict can be read until volt waits for it."""
-
-    def query(self) -> bool:
-        return False
-
-    def synchronize(self) -> None:
-        pass
-
-
-def test_a_verdict_read_late_stops_before_any_spoiled_checkpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(finite_guard, "_to_host", lambda flags: (flags.clone(), NeverReady()))
+def test_a_bad_step_between_checks_is_named_and_no_checkpoint_holds_it(tmp_path: Path) -> None:
+    # The default check every 10 steps; the checkpoint after each step checks first.
     model = TwoLayers(nan_loss_at=BAD_STEP)
     with pytest.raises(NonFiniteLossError) as raised:
         trainer(tmp_path).fit(model, batches())
 
     message = str(raised.value)
-    # Step BAD_STEP's update ran; the checkpoint after it was about to be written, and waited.
+    # Step BAD_STEP's update ran; the checkpoint after it was about to be written, and checked.
     assert f"at global step {BAD_STEP}; seen at global step {BAD_STEP + 1}" in message
     assert "weights in memory are spoiled" in message and "resume from the newest" in message
     newest = newest_checkpoint(tmp_path / "checkpoints")
     assert newest["global_step"] == BAD_STEP
     assert all(torch.isfinite(w).all() for w in newest["state_dict"].values())
     assert not torch.isfinite(model.second.weight).all()
+
+
+def test_the_host_reads_the_verdicts_only_at_checks(tmp_path: Path) -> None:
+    every, max_steps = 4, 16
+    counter = SyncCounter(str(tmp_path / "syncs.json"), start_step=0, steps=max_steps)
+    model = TwoLayers(grad_at=11)  # an inf gradient at step 11, seen at the check of step 11
+    run = trainer(
+        tmp_path,
+        max_steps=max_steps,
+        guard=FiniteGuard(check_every_n_steps=every),
+        checkpoint_every_step=False,
+    )
+    run.callbacks.append(counter)
+    with pytest.raises(NonFiniteLossError, match=r"of parameter second\.weight at global step 11;"):
+        run.fit(model, batches())
+
+    reads = per_step(read_counts(tmp_path / "syncs.json", rank=0), "syncs", "volt/callbacks/")
+    checks = [step for step, read in enumerate(reads) if read]
+    assert checks == [3, 7, 11]  # (step + 1) % 4 == 0; the last one raised
+    assert all(read == {"tolist": 1} for read in reads if read)
+    # It raised before step 11's optimizer step: the inf never reached the weights.
+    assert torch.isfinite(model.second.weight).all()
+
+
+class SkipsSecondOnOddSteps(TwoLayers):
+    """`second` gets no gradient on odd steps, so the steps between checks differ in width."""
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if self.global_step % 2:
+            x, y = batch
+            return nn.functional.mse_loss(self.first(x).sum(1, keepdim=True), y)
+        return super().training_step(batch, batch_idx)
+
+
+def test_steps_with_fewer_gradients_are_judged_with_the_others(tmp_path: Path) -> None:
+    model = SkipsSecondOnOddSteps(grad_at=4)
+    guard = FiniteGuard(check_every_n_steps=6)
+    with pytest.raises(NonFiniteLossError) as raised:
+        trainer(tmp_path, max_steps=12, guard=guard, checkpoint_every_step=False).fit(
+            model, batches()
+        )
+    assert "of parameter second.weight at global step 4; seen at global step 5" in str(raised.value)
+    assert "first.weight" not in str(raised.value)
+
+
+def test_check_every_n_steps_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"check_every_n_steps=0\): must be 1 or more"):
+        FiniteGuard(check_every_n_steps=0)
 
 
 @pytest.mark.gpu

@@ -259,6 +259,8 @@ def test_volt_saves_and_exits_143_on_sigterm(trainer: str, fast: list[str], tmp_
     saved = torch.load(last, weights_only=True)
     assert saved["global_step"] > before
     assert saved["volt_config"]["trainer"]["max_epochs"] == 1000
+    if trainer == "ddp":  # the ranks agree to stop at steps that are multiples of 10 (the default)
+        assert saved["global_step"] % 10 == 0
 
 
 def command_lines() -> Iterator[tuple[int, bytes]]:
@@ -288,8 +290,10 @@ def test_a_signal_to_another_ddp_rank_stops_every_rank_and_saves(
 
     console = (outputs / "console.txt").read_text()
     assert process.returncode == 143, console
-    assert torch.load(last, weights_only=True)["global_step"] > before
-    assert "Stopped on SIGTERM" in console
+    saved_at = torch.load(last, weights_only=True)["global_step"]
+    assert saved_at > before
+    assert saved_at % 10 == 0  # a step at which the ranks agree (agree_every_n_steps=10)
+    assert f"Stopped on SIGTERM at global step {saved_at}" in console
 
 
 class RecordLightningSigtermCheck(Callback):
@@ -303,6 +307,11 @@ class RecordLightningSigtermCheck(Callback):
     ) -> None:
         loop = trainer.fit_loop.epoch_loop
         self.switched_off.append("_broadcast_sigterm_tensor" in vars(loop))
+
+
+def test_agree_every_n_steps_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"agree_every_n_steps=0\): must be 1 or more"):
+        GracefulShutdown("unused", agree_every_n_steps=0)
 
 
 def test_lightning_sigterm_broadcast_is_off_during_the_fit_only() -> None:

@@ -1,16 +1,23 @@
-"""volt's progress bar reads the logged metrics (a GPU sync each time) at most every N seconds."""
+"""volt's progress bar reads the logged metrics (a GPU sync each time) only after the batches at
+which Lightning writes the logs, and at most every N seconds."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import RichProgressBar as LightningRichProgressBar
+from lightning.pytorch.loggers import TensorBoardLogger
+from omegaconf import DictConfig
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.tiny_regression import TinyRegression
+from volt.build import build_datamodule, build_model
 from volt.callbacks.progress_bar import RichProgressBar
+from volt.models.classifier import Classifier
 
 STEPS = 12
 
@@ -23,15 +30,20 @@ class Regression(TinyRegression):
 
 
 def reads_during_training(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metrics_every_s: float
-) -> tuple[int, dict]:
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    metrics_every_s: float,
+    log_every_n_steps: int = 1,
+) -> tuple[list[int], dict]:
+    """The training batches after which the bar read the metrics, and what it shows at the end."""
     bar = RichProgressBar(metrics_every_s=metrics_every_s)
     reads = []
     parent = LightningRichProgressBar.get_metrics
 
-    def counted(self: LightningRichProgressBar, *args: object) -> dict:
-        reads.append(self._in_train_batch)  # type: ignore[attr-defined]
-        return parent(self, *args)  # type: ignore[arg-type]
+    def counted(self: LightningRichProgressBar, trainer: pl.Trainer, *args: object) -> dict:
+        if self._in_train_batch:  # type: ignore[attr-defined]
+            reads.append(trainer.global_step - 1)
+        return parent(self, trainer, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(LightningRichProgressBar, "get_metrics", counted)
     data = TensorDataset(torch.randn(STEPS * 4, 4), torch.randn(STEPS * 4, 1))
@@ -43,22 +55,126 @@ def reads_during_training(
         enable_checkpointing=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
+        log_every_n_steps=log_every_n_steps,
     )
     trainer.fit(Regression(), DataLoader(data, batch_size=4))
     assert trainer.global_step == STEPS
-    return sum(reads), bar.get_metrics(trainer, trainer.lightning_module)
+    return reads, bar.get_metrics(trainer, trainer.lightning_module)
 
 
 def test_metrics_are_read_once_per_interval_not_every_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads, shown = reads_during_training(tmp_path, monkeypatch, metrics_every_s=3600)
-    assert reads == 1  # the first batch; the next hour's batches reuse it
+    assert reads == [0]  # the first batch; the next hour's batches reuse it
     assert "train/loss" in shown
 
 
-def test_an_interval_of_zero_reads_every_step(
+def test_metrics_are_read_only_where_lightning_writes_the_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads, _ = reads_during_training(tmp_path, monkeypatch, metrics_every_s=0, log_every_n_steps=4)
+    assert reads == [0, 3, 7, 11]  # the first batch, then the logging ones: (step + 1) % 4 == 0
+
+
+def test_an_interval_of_zero_reads_every_logging_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads, _ = reads_during_training(tmp_path, monkeypatch, metrics_every_s=0)
-    assert reads == STEPS
+    assert reads == list(range(STEPS))
+
+
+class RecordTrainCounter(pl.Callback):
+    """What the bar's training counter shows at each epoch's end (after the bar's own hook)."""
+
+    def __init__(self, bar: RichProgressBar) -> None:
+        self.bar = bar
+        self.shown: list[float] = []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        assert self.bar.progress is not None and self.bar.train_progress_bar_id is not None
+        self.shown.append(self.bar.progress.tasks[self.bar.train_progress_bar_id].completed)
+
+
+def test_the_counter_moves_at_most_every_interval_and_ends_at_the_epochs_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(RichProgressBar, "MOVE_EVERY_S", 3600.0)
+    moves = []
+    parent = LightningRichProgressBar.on_train_batch_end
+
+    def counted(self: LightningRichProgressBar, trainer: pl.Trainer, *args: object) -> None:
+        moves.append(trainer.global_step - 1)
+        parent(self, trainer, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LightningRichProgressBar, "on_train_batch_end", counted)
+    bar = RichProgressBar(metrics_every_s=3600)
+    record = RecordTrainCounter(bar)
+    data = DataLoader(TensorDataset(torch.randn(STEPS * 4, 4), torch.randn(STEPS * 4, 1)), 4)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        callbacks=[bar, record],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Regression(), data)
+    assert moves == [0]  # the first batch; the next hour's batches leave the counter be
+    assert record.shown == [STEPS, STEPS]  # caught up at each epoch's end
+
+
+class EveryStepLogging(Classifier):
+    """The classifier as it logged before: `self.log` of the loss and the accuracy metric in every
+    training step, whether Lightning writes the logs after it or not."""
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = self.criterion(logits, y)
+        self.train_acc(logits, y)
+        self.log("train/loss", loss, on_step=True, on_epoch=False)
+        self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
+        return loss
+
+    def on_train_epoch_end(self) -> None:
+        pass
+
+
+def tensorboard_curves(
+    model_class: type[Classifier], cfg: DictConfig, log_dir: Path
+) -> dict[str, list[tuple[int, float]]]:
+    pl.seed_everything(0)
+    datamodule = build_datamodule(cfg.data)
+    model = build_model(cfg.model, datamodule, cfg.task.from_data)
+    model.__class__ = model_class
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        log_every_n_steps=5,
+        limit_val_batches=0,
+        logger=TensorBoardLogger(log_dir, name="", version=""),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule)
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in TRAIN_TAGS}
+
+
+TRAIN_TAGS = ("train/loss", "train/acc")
+
+
+def test_the_classifier_logs_the_same_training_curves_as_logging_every_step(
+    tmp_path: Path, compose_config: Callable[..., DictConfig]
+) -> None:
+    cfg = compose_config("train", ["data.batch_size=128"])  # 9 batches an epoch
+    logged = tensorboard_curves(Classifier, cfg, tmp_path / "now")
+    before = tensorboard_curves(EveryStepLogging, cfg, tmp_path / "before")
+    assert [step for step, _ in logged["train/loss"]] == [4, 9, 14]  # (step + 1) % 5 == 0
+    assert [step for step, _ in logged["train/acc"]] == [8, 17]  # each epoch's end
+    assert logged == before

@@ -14,10 +14,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from volt.callbacks import finite_guard
 
 
 def note_the_failure(trainer: pl.Trainer) -> None:
@@ -77,34 +74,6 @@ class NaNInputOnRank(Callback):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             note_the_failure(trainer)
             batch[0].fill_(math.nan)
-
-
-class SlowGPUOnRank(Callback):
-    """FiniteGuard's verdicts reach the host as from GPUs where rank `rank`'s runs behind: on
-    the other ranks a verdict has landed as soon as it is asked about; on this one only once
-    waited for. (On the CPU a verdict is on the host at once, on every rank.)"""
-
-    def __init__(self, rank: int) -> None:
-        landed_at_once = rank_of_this_process() != rank
-
-        def to_host(flags: Tensor) -> tuple[Tensor, _CopyDone]:
-            return flags.clone(), _CopyDone(landed_at_once)
-
-        # Only in this rank's own process, which builds its own callbacks from the run's config.
-        finite_guard._to_host = to_host  # type: ignore[assignment]
-
-
-class _CopyDone:
-    """Stands in for the CUDA event recorded after a verdict's copy to the host."""
-
-    def __init__(self, landed_at_once: bool) -> None:
-        self.landed_at_once = landed_at_once
-
-    def query(self) -> bool:
-        return self.landed_at_once
-
-    def synchronize(self) -> None:
-        pass
 
 
 class RecordBatchNorm(Callback):

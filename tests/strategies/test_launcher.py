@@ -126,33 +126,18 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_its_step(tmp_path: Path) -> 
     ended = run_ddp(tmp_path, ONE_RANKS_LOSS, nan)
 
     assert_ended_cleanly(ended)
-    # Rank 0's loss was finite: it stops on the verdict it pooled with rank 1, before the step.
+    # Rank 0's loss was finite: it stops on the verdict it pooled with rank 1, at the first
+    # check after the bad step (FiniteGuard checks every 10 steps: at step 9).
     assert ended.returncode == 2  # volt's one-line error, not a traceback
     assert (
-        "volt: error: non-finite loss (NaN or inf) on another rank at global step 3; training"
-        " stopped before this step changed the weights" in ended.stderr
+        "volt: error: non-finite loss (NaN or inf) on another rank at global step 3; seen at"
+        " global step 9" in ended.stderr
     )
     assert "RankFailedError" not in ended.stderr  # rank 1 is not blamed for stopping with it
     # Rank 1 stopped by itself at the same step, on its own NaN loss: it was not killed.
-    assert "NonFiniteLossError: non-finite loss (NaN or inf) at global step 3;" in rank1_log(ended)
-
-
-@pytest.mark.slow
-def test_ranks_whose_gpus_run_at_different_paces_stop_at_the_same_step(tmp_path: Path) -> None:
-    # A rank that stopped as soon as its own GPU had the verdict would leave the other waiting
-    # for it in the next step's gradient all-reduce. Here rank 0's verdicts arrive late.
-    nan = f"+callbacks.nan={{_target_:{PROBES}.NaNInputOnRank,rank:1,step:3}}"
-    slow = f"+callbacks.slow_gpu={{_target_:{PROBES}.SlowGPUOnRank,rank:0}}"
-    ended = run_ddp(tmp_path, ONE_RANKS_LOSS, nan, slow)
-
-    assert_ended_cleanly(ended)
-    assert ended.returncode == 2
     assert (
-        "volt: error: non-finite loss (NaN or inf) on another rank at global step 3; seen at"
-        " global step 4" in ended.stderr
-    )
-    assert "non-finite loss (NaN or inf) at global step 3; seen at global step 4" in rank1_log(
-        ended
+        "NonFiniteLossError: non-finite loss (NaN or inf) at global step 3; seen at global step 9"
+        in rank1_log(ended)
     )
 
 

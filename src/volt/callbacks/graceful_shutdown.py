@@ -43,24 +43,37 @@ class GracefulShutdown(Callback):
     training ends, so a scheduler's grace period (SLURM's KillWait, Kubernetes'
     terminationGracePeriodSeconds) should outlast one validation pass.
 
-    Under DDP any rank's signal stops all of them at the same step: each optimizer step queues
-    an all-reduce of the ranks' signals on the GPU, and the next step reads it, by when the GPU
-    is long done with it; so a signal stops training one optimizer step later than on one
-    process, and the host never waits for the GPU to find out. A second Ctrl+C stops at once,
+    Under several processes any rank's signal stops all of them at the same step: every
+    `agree_every_n_steps` optimizer steps (and when training ends) the ranks all-reduce the
+    signals they have received, one small collective and one wait for the device; between those
+    steps they neither talk nor wait. So there a signal stops training up to N steps later than
+    on one process, where the signal is seen at the end of the very step: budget N steps within
+    the scheduler's notice (SLURM's `--signal=TERM@120`). A second Ctrl+C stops at once,
     without saving. Handlers are installed for the fit (from the sanity check on, replacing
     Lightning's SIGTERM handler, whose early exit would skip the checkpoint) and restored when
     training ends, by an exception too, or when a fit with nothing to train ends. Meanwhile
     Lightning's own per-step check for that handler's flag (a broadcast read back on the host:
     one host sync per step) is switched off: the flag can no longer be set, and a SIGTERM that
     Lightning's handler took before the fit is taken over.
+
+    Args:
+        checkpoint_dir: where `last.ckpt` is saved.
+        agree_every_n_steps: under several processes, how often (in optimizer steps, at global
+            steps that are multiples of N) the ranks agree whether to stop. volt's 10 matches
+            its `trainer.log_every_n_steps`, at whose steps Lightning waits for the device anyway.
     """
 
-    def __init__(self, checkpoint_dir: str | Path) -> None:
+    def __init__(self, checkpoint_dir: str | Path, agree_every_n_steps: int = 10) -> None:
+        if agree_every_n_steps < 1:
+            raise ValueError(
+                f"GracefulShutdown(agree_every_n_steps={agree_every_n_steps!r}): must be 1 or"
+                " more, e.g. callbacks.graceful_shutdown.agree_every_n_steps=10"
+            )
         self.checkpoint_path = Path(checkpoint_dir) / "last.ckpt"
+        self.agree_every_n_steps = agree_every_n_steps
         self._signum: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._steps_done = 0
-        self._pending: _SignalOnAnyRank | None = None
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()
@@ -68,7 +81,6 @@ class GracefulShutdown(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()  # again, for fits without a sanity check; installs once per fit
         self._steps_done = trainer.global_step
-        self._pending = None
         if not self._previous_handlers:
             return  # not installed: Lightning's handler and its check stay in charge
         if trainer.received_sigterm:
@@ -91,20 +103,14 @@ class GracefulShutdown(Callback):
         self._steps_done = trainer.global_step
         if trainer.world_size == 1:
             self._stop_if_signalled(trainer, self._signum or 0)
-            return
-        # The verdict of the previous step, which every rank reads at this same step.
-        previous, self._pending = (
-            self._pending,
-            _SignalOnAnyRank(self._signum or 0, pl_module.device),
-        )
-        if previous is not None:
-            self._stop_if_signalled(trainer, previous.read())
+        elif trainer.global_step % self.agree_every_n_steps == 0:  # the same step on every rank
+            self._stop_if_signalled(trainer, _signal_on_any_rank(self._signum or 0, pl_module))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A signal that came during the last validation has had no batch end to act on.
         signum = self._signum or 0
         if trainer.world_size > 1:
-            signum = _SignalOnAnyRank(signum, pl_module.device).read()
+            signum = _signal_on_any_rank(signum, pl_module)
         self._stop_if_signalled(trainer, signum)
         self._end(trainer)
 
@@ -120,7 +126,6 @@ class GracefulShutdown(Callback):
 
     def _end(self, trainer: pl.Trainer) -> None:
         self._uninstall()
-        self._pending = None
         _skip_lightning_sigterm_check(trainer, skip=False)
 
     def _stop_if_signalled(self, trainer: pl.Trainer, signum: int) -> None:
@@ -167,28 +172,11 @@ class GracefulShutdown(Callback):
         self._previous_handlers = {}
 
 
-class _SignalOnAnyRank:
-    """The highest signal number any rank has received (0: none), reduced on the GPU.
-
-    The result is copied to pinned host memory without blocking; `read` waits only if the GPU
-    has not got there yet, which one optimizer step later it has, short of a very slow step.
-    """
-
-    def __init__(self, signum: int, device: torch.device) -> None:
-        # torch.full, not torch.tensor: a copy from pageable host memory would wait for the GPU.
-        reduced = all_reduce_queued(torch.full((), signum, device=device), op="max")
-        self._ready: torch.cuda.Event | None = None
-        self._host = reduced
-        if reduced.is_cuda:
-            self._host = torch.empty((), dtype=reduced.dtype, pin_memory=True)
-            self._host.copy_(reduced, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
-
-    def read(self) -> int:
-        if self._ready is not None:
-            self._ready.synchronize()
-        return int(self._host.item())
+def _signal_on_any_rank(signum: int, pl_module: pl.LightningModule) -> int:
+    """The highest signal number any rank has received (0: none); every rank must call it."""
+    # torch.full, not torch.tensor: a copy from pageable host memory would wait for the GPU.
+    signals = torch.full((), signum, device=pl_module.device)
+    return int(all_reduce_queued(signals, op="max").item())  # waits for the device
 
 
 def _skip_lightning_sigterm_check(trainer: pl.Trainer, skip: bool) -> None:
