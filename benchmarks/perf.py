@@ -19,8 +19,9 @@ torch 2.11: "CUDA driver error: invalid argument"):
                     logger, no checkpoints.
 - volt:             the Trainer, callbacks and logger volt builds from `conf/` (progress bar,
                     TensorBoard, memory monitor, throughput, NaN guard, LR monitor, graceful
-                    shutdown), as `python train.py` runs it; validation and the callbacks that act
-                    only on its results (checkpoints, early stopping) are off.
+                    shutdown), as `python train.py` runs it; validation, checkpoints and early
+                    stopping are off (no other side saves or validates; digits' epochs are 19
+                    steps, so a save per epoch would dominate its step time).
 
 After a warm-up (which absorbs compilation) each side times `--repeats` windows of `--steps`
 steps, synchronising the device only at the windows' edges. The table shows the median
@@ -120,6 +121,7 @@ def compose_config(overrides: list[str], data_root: str, steps: int) -> DictConf
                 "trainer.limit_val_batches=0",
                 "trainer.num_sanity_val_steps=0",
                 "callbacks.model_checkpoint=null",
+                "callbacks.last_checkpoint=null",  # a save per epoch: timed apart from steps
                 "callbacks.early_stopping=null",
                 f"paths.output_dir={tempfile.mkdtemp(prefix='volt-perf-')}",
             ],
