@@ -30,8 +30,11 @@ share of the synthetic side's, and each side's peak GPU memory (allocated, whole
 """
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -48,12 +51,17 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
+MARKERS = {  # the README's two tables, each between its pair of markers
+    "images": ("<!-- perf-table:begin -->", "<!-- perf-table:end -->"),
+    "gpt": ("<!-- perf-gpt:begin -->", "<!-- perf-gpt:end -->"),
+}
 SIDES = ("synthetic", "plain_dataloader", "plain_volt_data", "lightning", "volt")
+GPT_SIDES = ("synthetic", "plain_volt_data", "lightning", "volt")  # its data is one byte array
 SIDE_NAMES = {
     "synthetic": "synthetic (limit)",
     "plain_dataloader": "plain, DataLoader",
@@ -64,6 +72,23 @@ SIDE_NAMES = {
 
 
 CIFAR_FILES = ["data=cifar10", "data.root={data_root}", "data.download=false"]
+
+
+def gpt_rows(tiny: bool, batches: list[int]) -> list[dict[str, Any]]:
+    """The GPT task's rows: experiment=gpt_bytes (12 layers, width 768, context 1024, bf16-mixed,
+    compiled) at each batch size; tiny: experiment=gpt_bytes_tiny, eager, on the CPU."""
+    if tiny:
+        overrides = ["experiment=gpt_bytes_tiny", "data.batch_size=8", "data.block_size=64"]
+        overrides.append("model.scheduler.warmup_steps=0")  # the run is a few steps long
+        return [{"workload": "gpt_bytes_tiny", "variant": "32-true", "overrides": overrides}]
+    return [
+        {
+            "workload": "gpt_bytes",
+            "variant": "bf16-mixed + compile",
+            "overrides": ["experiment=gpt_bytes", f"data.batch_size={batch}"],
+        }
+        for batch in batches
+    ]
 
 
 def rows_to_run(tiny: bool) -> list[dict[str, Any]]:
@@ -135,12 +160,18 @@ class Clock:
         self.device, self.marks_at = device, {warmup + k * steps for k in range(repeats + 1)}
         self.steps, self.total = steps, warmup + steps * repeats
         self.marks: list[float] = []
+        self.profiler: cProfile.Profile | None = None  # --profile: the CPU's work in timed steps
 
     def step_done(self, step: int) -> None:
         if step in self.marks_at:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             self.marks.append(time.perf_counter())
+            if self.profiler is not None:
+                if step == min(self.marks_at):
+                    self.profiler.enable()
+                elif step == max(self.marks_at):
+                    self.profiler.disable()
 
     def ms_per_step(self) -> list[float]:
         return [
@@ -228,27 +259,31 @@ def forever(
 
 def plain_loop(
     cfg: DictConfig, side: str, clock: Clock, device: torch.device, workers: int
-) -> None:
+) -> pl.LightningModule:
+    """The hand-written loop: the module's net and optimiser, the same loss, autocast and
+    gradient clipping as the config asks, no Trainer."""
     from volt.build import build_datamodule, build_model
     from volt.gpu import apply_compile
 
     datamodule: Any = build_datamodule(cfg.data)
+    datamodule.prepare_data()
     datamodule.setup("fit")
-    model: Any = build_model(cfg.model, datamodule, cfg.task.from_data)  # its net and optimiser
-    net = model.net.to(device)
+    datamodule.trainer = FakeTrainer(device)
+    model: Any = build_model(cfg.model, datamodule, cfg.task.from_data).to(device)
+    net = model.net
     apply_compile(net, cfg.compile.mode)
-    optimizer = model.optimizer_factory(net.parameters())
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.get("label_smoothing", 0.0))
+    configured = model.configure_optimizers()  # as Lightning would get it (fused, groups)
+    optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
+    smoothing = cfg.model.get("label_smoothing", 0.0)
+    clip = cfg.trainer.get("gradient_clip_val")
     dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(cfg.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    if side == "synthetic":
-        x = torch.randn(datamodule.batch_size, *datamodule.input_shape, device=device)
-        y = torch.randint(0, datamodule.num_classes, (datamodule.batch_size,), device=device)
+    if side == "synthetic":  # one of the data's batches, on the device, again and again
+        x, y = (t.to(device) for t in next(iter(datamodule.train_dataloader())))
         batches: Iterator[tuple[Tensor, Tensor]] = iter(lambda: (x, y), None)
     elif side == "plain_dataloader":
         batches = forever(per_sample_loader(datamodule, device, workers))
     else:  # volt's batches, on the device when data.on_device says so
-        datamodule.trainer = FakeTrainer(device)
         batches = forever(datamodule.train_dataloader(), datamodule.trainer)
     net.train()
     clock.step_done(0)
@@ -256,12 +291,17 @@ def plain_loop(
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = criterion(net(x), y)
+            logits = net(x)  # (B, classes) or (B, T, vocabulary)
+            loss = F.cross_entropy(logits.flatten(0, -2), y.flatten(), label_smoothing=smoothing)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        if clip:
+            scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(net.parameters(), clip)
         scaler.step(optimizer)
         scaler.update()
         clock.step_done(step)
+    return model
 
 
 class FakeTrainer:
@@ -274,7 +314,7 @@ class FakeTrainer:
 
 def lightning_fit(
     cfg: DictConfig, side: str, clock: Clock, device: torch.device, find_syncs: bool = False
-) -> None:
+) -> pl.LightningModule:
     from volt.build import build_datamodule, build_model, build_training
 
     if side == "volt":
@@ -282,7 +322,7 @@ def lightning_fit(
         probe = SyncFinder(clock) if find_syncs else ClockCallback(clock)
         built.trainer.callbacks.append(probe)  # type: ignore[attr-defined]
         built.trainer.fit(built.model, datamodule=built.datamodule)
-        return
+        return built.model
     from volt.gpu import apply_compile
 
     datamodule = build_datamodule(cfg.data)
@@ -292,6 +332,7 @@ def lightning_fit(
         accelerator=device.type if device.type == "cpu" else "gpu",
         devices=1,
         precision=cfg.precision,
+        gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
         max_steps=clock.total,
         max_epochs=1000,
         limit_val_batches=0,
@@ -303,6 +344,7 @@ def lightning_fit(
         callbacks=[ClockCallback(clock)],
     )
     trainer.fit(model, datamodule=datamodule)
+    return model
 
 
 def find_syncs(args: argparse.Namespace) -> None:
@@ -324,6 +366,7 @@ def find_syncs(args: argparse.Namespace) -> None:
 
 def run_side(args: argparse.Namespace) -> None:
     """In the child: train one side of one row and print its measurements as one JSON line."""
+    from volt.callbacks.token_throughput import matmul_dtype, peak_tflops
     from volt.gpu import apply_matmul_precision
 
     row = json.loads(args.row)
@@ -334,12 +377,37 @@ def run_side(args: argparse.Namespace) -> None:
     cfg = compose_config(row["overrides"], args.data_root, clock.total)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    if args.profile:
+        clock.profiler = cProfile.Profile()
     if args.side in ("lightning", "volt"):
-        lightning_fit(cfg, args.side, clock, device)
+        model = lightning_fit(cfg, args.side, clock, device)
     else:
-        plain_loop(cfg, args.side, clock, device, row["plain_workers"])
+        model = plain_loop(cfg, args.side, clock, device, row["plain_workers"])
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
-    print(json.dumps({"ms": clock.ms_per_step(), "peak_mib": peak, "batch": cfg.data.batch_size}))
+    # A language model's tokens per step (batch x context) and training FLOPs per token, for
+    # tokens/s and MFU; None for the image workloads.
+    flops = getattr(model, "flops_per_token", lambda: None)()
+    tokens = cfg.data.batch_size * cfg.data.block_size if flops else None
+    peak_tf = peak_tflops(device, matmul_dtype(cfg.precision)) if flops else None
+    if clock.profiler is not None:
+        print_profile(clock.profiler, args.steps * args.repeats, Path(args.profile))
+    result = {"ms": clock.ms_per_step(), "peak_mib": peak, "batch": cfg.data.batch_size}
+    result |= {"tokens_per_step": tokens, "flops_per_token": flops, "peak_tflops": peak_tf}
+    print(json.dumps(result))
+
+
+def print_profile(profiler: cProfile.Profile, steps: int, to: Path) -> None:
+    """The CPU's time per step by function (cProfile's own cost inflates Python-heavy parts, so
+    read it side against side): the 40 largest cumulative entries outside torch's internals."""
+    to.parent.mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(to)
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text).sort_stats("cumulative")
+    stats.print_stats(r"volt|lightning|perf\.py", 40)
+    total_ms = 1e3 * sum(row[2] for row in stats.stats.values()) / steps  # type: ignore[attr-defined]
+    summary = f"{to.name}: {total_ms:.2f} ms of CPU self time per step under cProfile\n"
+    to.with_suffix(".txt").write_text(summary + text.getvalue())
+    print(summary, file=sys.stderr)
 
 
 # ---------------------------------------------------------------------- in the parent process
@@ -349,6 +417,9 @@ def measure(row: dict[str, Any], side: str, args: argparse.Namespace) -> dict[st
     command = [sys.executable, __file__, "--side", side, "--row", json.dumps(row)]
     command += ["--steps", str(args.steps), "--repeats", str(args.repeats)]
     command += ["--data-root", args.data_root]
+    if args.profile:
+        name = f"{row['workload']}_{row['variant']}_{side}.prof".replace(" ", "").replace(",", "_")
+        command += ["--profile", str(Path(args.profile) / name)]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode:
@@ -379,18 +450,28 @@ def summarise(row: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
         side: (max(r["ms"]) - min(r["ms"])) / ms[side] if ms[side] else 0.0
         for side, r in results.items()
     }
-    return {
+    first = next(iter(results.values()))
+    summary = {
         "workload": row["workload"],
         "variant": row["variant"],
-        "batch": next(iter(results.values()))["batch"],
+        "batch": first["batch"],
         "ms": ms,
         "spread": spread,
         "share_of_limit": {side: ms["synthetic"] / ms[side] for side in ms},
         "volt_over_plain_volt_data": ms["volt"] / ms["plain_volt_data"],
-        "volt_over_plain_dataloader": ms["volt"] / ms["plain_dataloader"],
+        "volt_over_plain_dataloader": (
+            ms["volt"] / ms["plain_dataloader"] if "plain_dataloader" in ms else None
+        ),
         "peak_mib": {side: r["peak_mib"] for side, r in results.items()},
         "wall_s": sum(r["wall_s"] for r in results.values()),
     }
+    if first["tokens_per_step"]:
+        tokens_per_s = {side: 1e3 * first["tokens_per_step"] / ms[side] for side in ms}
+        summary["tokens_per_s"] = tokens_per_s
+        if first["peak_tflops"]:
+            flops = first["flops_per_token"] / (first["peak_tflops"] * 1e12)
+            summary["mfu"] = {side: flops * t for side, t in tokens_per_s.items()}
+    return summary
 
 
 def markdown(rows: list[dict[str, Any]], header: str) -> str:
@@ -420,7 +501,40 @@ def markdown(rows: list[dict[str, Any]], header: str) -> str:
     return "\n".join(lines)
 
 
-def replace_table(readme: Path, table: str) -> None:
+def markdown_gpt(rows: list[dict[str, Any]], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| workload | variant | "
+        + " | ".join(SIDE_NAMES[s] for s in GPT_SIDES)
+        + " | volt / plain, volt data (tokens/s) | peak MiB, volt / plain |",
+        "| --- | --- |" + " ---: |" * (len(GPT_SIDES) + 2),
+    ]
+    for r in rows:
+        mfu = r.get("mfu") or {}
+        cells = [
+            f"{r['tokens_per_s'][s] / 1e3:.0f}k"
+            + (f", {100 * mfu[s]:.1f}% MFU" if s in mfu else "")
+            + f" ±{100 * r['spread'][s]:.0f}%"
+            for s in GPT_SIDES
+        ]
+        peak = r["peak_mib"]
+        peaks = (
+            f"{peak['volt']:.0f} / {peak['plain_volt_data']:.0f}"
+            if peak["volt"] is not None
+            else "n/a (CPU)"
+        )
+        ratio = r["tokens_per_s"]["volt"] / r["tokens_per_s"]["plain_volt_data"]
+        lines.append(
+            f"| {r['workload']}, batch {r['batch']} | {r['variant']} | "
+            + " | ".join(cells)
+            + f" | {ratio:.3f} | {peaks} |"
+        )
+    return "\n".join(lines)
+
+
+def replace_table(readme: Path, table: str, workload: str) -> None:
+    BEGIN, END = MARKERS[workload]
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{readme} has no {BEGIN} ... {END} section to replace")
@@ -434,6 +548,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tiny", action="store_true", help="toy sizes for the CPU (CI)")
+    parser.add_argument(
+        "--workload",
+        choices=MARKERS,
+        default="images",
+        help="images: digits and CIFAR-10 (step time); gpt: the GPT task (tokens/s and MFU)",
+    )
+    parser.add_argument(
+        "--gpt-batches", type=int, nargs="+", default=[16, 64], help="batch sizes of the gpt rows"
+    )
     parser.add_argument("--steps", type=int, help="steps per timed window (100; tiny: 4)")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows per side")
     parser.add_argument(
@@ -443,6 +566,12 @@ def main() -> None:
     parser.add_argument("--data-root", help="where fake CIFAR-10 files are written (a temp dir)")
     parser.add_argument(
         "--find-syncs", action="store_true", help="only list where volt's steps wait for the GPU"
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="cProfile the timed steps of the bare Lightning and volt sides into DIR (a .prof and"
+        " a .txt per side): where each spends its CPU time per step",
     )
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
@@ -459,21 +588,30 @@ def main() -> None:
         return
     started = time.perf_counter()
     rows = []
-    for row in rows_to_run(args.tiny):
-        results = {side: measure(row, side, args) for side in SIDES}
+    gpt = args.workload == "gpt"
+    for row in gpt_rows(args.tiny, args.gpt_batches) if gpt else rows_to_run(args.tiny):
+        row.setdefault("warmup", 2 if args.tiny else 30)
+        row.setdefault("plain_workers", 0)
+        sides = ("lightning", "volt") if args.profile else GPT_SIDES if gpt else SIDES
+        results = {side: measure(row, side, args) for side in sides}
+        if args.profile:
+            continue
         rows.append(summarise(row, results))
         print(json.dumps(rows[-1]), flush=True)  # a row at a time: a cut-off run keeps its rows
+    if args.profile:
+        return
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     header = (
         f"Measured {time.strftime('%Y-%m-%d')} on {device}, torch {torch.__version__}, Lightning"
         f" {pl.__version__}, by `python benchmarks/perf.py{' --tiny' if args.tiny else ''}`"
-        f" ({time.perf_counter() - started:.0f} s): ms per step, median of {args.repeats}"
-        f" windows of {args.steps} steps, ± their spread."
+        f"{' --workload gpt' if gpt else ''} ({time.perf_counter() - started:.0f} s): "
+        + ("training tokens/s (MFU: of the GPU's dense bf16 peak)" if gpt else "ms per step")
+        + f", median of {args.repeats} windows of {args.steps} steps, ± their spread."
     )
-    table = markdown(rows, header)
+    table = (markdown_gpt if gpt else markdown)(rows, header)
     print(f"\n{table}")
     if args.readme:
-        replace_table(Path(args.readme), table)
+        replace_table(Path(args.readme), table, args.workload)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=2))
 

@@ -48,3 +48,26 @@ def test_tiny_run_measures_every_side_and_rewrites_the_readme_table(tmp_path: Pa
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 2 + len(rows)  # header, rule, a line per row
     assert table[2].startswith("| digits, batch 64 | 32-true |")
+
+
+@pytest.mark.slow
+def test_tiny_gpt_run_reports_tokens_per_second_and_keeps_the_image_table(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "<!-- perf-table:begin -->\nimages\n<!-- perf-table:end -->\n"
+        "<!-- perf-gpt:begin -->\nold\n<!-- perf-gpt:end -->\n"
+    )
+    out = tmp_path / "perf.json"
+    command = [sys.executable, str(REPO / "benchmarks" / "perf.py"), "--tiny", "--steps", "2"]
+    command += ["--workload", "gpt", "--repeats", "2", "--readme", str(readme), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["tokens_per_s"]) == {"synthetic", "plain_volt_data", "lightning", "volt"}
+    batch_tokens = 8 * 64  # the tiny row's batch x context
+    for side, tokens in row["tokens_per_s"].items():
+        assert tokens == pytest.approx(1e3 * batch_tokens / row["ms"][side])
+    assert "mfu" not in row  # no peak is known for a CPU
+    text = readme.read_text()
+    assert "images" in text and "old" not in text and "gpt_bytes_tiny, batch 8" in text
