@@ -164,3 +164,40 @@ def test_a_net_without_groups_or_sampling_trains_on_all_parameters_but_cannot_pr
     assert len(optimizer.param_groups[0]["params"]) == 3
     with pytest.raises(TypeError, match="Sequential has no generate"):
         model.predict_step((torch.zeros(1, 4, dtype=torch.long),), 0)
+
+
+class GradNorms(pl.Callback):
+    """The gradients' total norm as the optimiser step sees it (after any clipping)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: Any, *args: Any) -> None:
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self.norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+
+def test_clips_with_a_fused_optimizer_under_bf16_mixed() -> None:
+    """Lightning 2.6.6 refuses this pair although bf16 has no grad scaler (its #21435)."""
+    pl.seed_everything(0, verbose=False)
+    x = torch.randint(0, 256, (8, BLOCK))
+    data = DataLoader(TensorDataset(x, x.roll(-1, dims=1)), batch_size=4)
+    model = LanguageModel(
+        small_gpt(), partial(torch.optim.AdamW, lr=1e-3), fused_optimizer=True, weight_decay=0.0
+    )
+    norms = GradNorms()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        precision="bf16-mixed",
+        gradient_clip_val=1e-3,  # far below the gradients' own norm, so clipping shows
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[norms],
+    )
+    trainer.fit(model, data)
+    optimizer = trainer.optimizers[0]
+    assert optimizer.defaults["fused"] is True
+    assert len(norms.norms) == 2 and all(n <= 1e-3 * 1.01 for n in norms.norms), norms.norms

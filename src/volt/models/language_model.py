@@ -9,6 +9,8 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 from torch.optim import Optimizer
@@ -190,12 +192,36 @@ class LanguageModel(pl.LightningModule):
             "text": [bytes(row).decode("utf-8", errors="replace") for row in continuation.tolist()],
         }
 
+    def configure_gradient_clipping(
+        self,
+        optimizer: Optimizer,
+        gradient_clip_val: int | float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        plugin = self.trainer.precision_plugin
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        if gradient_clip_val and fused and isinstance(plugin, MixedPrecision) and not plugin.scaler:
+            # Lightning 2.6.6's MixedPrecision refuses to clip for a fused optimiser even under
+            # bf16-mixed, which has no grad scaler for the fused step to clash with (Lightning
+            # issue #21435, fixed by PR #21436 after 2.6.6): clip as its base class does. Remove
+            # when volt requires a Lightning with that fix.
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self) -> OptimizerLRScheduler:
         options = {}
         if takes_fused(self.optimizer_factory):
-            # Lightning calls this once the parameters are on their device.
+            # Lightning calls this once the parameters are on their device. With a grad scaler
+            # (16-mixed) a fused step unscales inside itself, after Lightning would have clipped
+            # still-scaled gradients, so Lightning refuses that pair: unfused there.
+            trainer = self._trainer
+            scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer else None
+            clips = trainer is not None and bool(trainer.gradient_clip_val)
             fused = self.fused_optimizer
-            options["fused"] = self.device.type == "cuda" if fused is None else fused
+            default = self.device.type == "cuda" and not (scaler and clips)
+            options["fused"] = default if fused is None else fused
         if isinstance(self.net, HasParamGroups):
             optimizer = self.optimizer_factory(self.net.param_groups(self.weight_decay), **options)
         else:
