@@ -573,6 +573,18 @@ def main() -> None:
         help="cProfile the timed steps of the bare Lightning and volt sides into DIR (a .prof and"
         " a .txt per side): where each spends its CPU time per step",
     )
+    parser.add_argument(
+        "--sides", nargs="+", choices=SIDES, help="measure only these (no table; rows printed)"
+    )
+    parser.add_argument(
+        "--extra",
+        nargs="+",
+        default=[],
+        metavar="OVERRIDE",
+        help="config overrides added to every row, e.g. callbacks.finite_guard=null: what one"
+        " part of volt's default setup costs",
+    )
+    parser.add_argument("--only", help="only rows whose '<workload> <variant>' contains this")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -592,13 +604,17 @@ def main() -> None:
     for row in gpt_rows(args.tiny, args.gpt_batches) if gpt else rows_to_run(args.tiny):
         row.setdefault("warmup", 2 if args.tiny else 30)
         row.setdefault("plain_workers", 0)
+        if args.only and args.only not in f"{row['workload']} {row['variant']}":
+            continue
+        row["overrides"] = [*row["overrides"], *args.extra]
         sides = ("lightning", "volt") if args.profile else GPT_SIDES if gpt else SIDES
-        results = {side: measure(row, side, args) for side in sides}
-        if args.profile:
+        results = {side: measure(row, side, args) for side in args.sides or sides}
+        if args.profile or args.sides:
+            print(json.dumps({"row": row, "results": results}), flush=True)
             continue
         rows.append(summarise(row, results))
         print(json.dumps(rows[-1]), flush=True)  # a row at a time: a cut-off run keeps its rows
-    if args.profile:
+    if args.profile or args.sides:
         return
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
     header = (
