@@ -584,7 +584,7 @@ def main() -> None:
         help="config overrides added to every row, e.g. callbacks.finite_guard=null: what one"
         " part of volt's default setup costs",
     )
-    parser.add_argument("--only", help="only rows whose '<workload> <variant>' contains this")
+    parser.add_argument("--only", help="only the row '<workload> <variant>'")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -604,7 +604,7 @@ def main() -> None:
     for row in gpt_rows(args.tiny, args.gpt_batches) if gpt else rows_to_run(args.tiny):
         row.setdefault("warmup", 2 if args.tiny else 30)
         row.setdefault("plain_workers", 0)
-        if args.only and args.only not in f"{row['workload']} {row['variant']}":
+        if args.only and args.only != f"{row['workload']} {row['variant']}":
             continue
         row["overrides"] = [*row["overrides"], *args.extra]
         sides = ("lightning", "volt") if args.profile else GPT_SIDES if gpt else SIDES
