@@ -8,6 +8,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 from torch.optim import Optimizer
 
@@ -101,8 +102,8 @@ class FiniteGuard(Callback):
         loss, self._loss = self._loss, None
         if loss is None:  # no backward through Lightning (manual optimization without it)
             loss = torch.zeros((), device=pl_module.device)
-        params = _params_with_gradients(optimizer) if self._check_gradients else []
-        largest = _largest_magnitudes([p.grad for p in params])  # type: ignore[misc]
+        params, grads = _gradients(optimizer) if self._check_gradients else ([], [])
+        largest = _largest_magnitudes(grads)
         step = trainer.global_step
         self._steps.append(_Step(step, torch.stack([loss, *largest]), params))
         if (step + 1) % self.check_every_n_steps == 0:
@@ -159,8 +160,22 @@ class FiniteGuard(Callback):
         ]
 
 
-def _params_with_gradients(optimizer: Optimizer) -> list[Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+def _gradients(optimizer: Optimizer) -> tuple[list[Tensor], list[Tensor]]:
+    """The parameters with gradients and those gradients (this rank's part): `.grad` is read once
+    per parameter, as each read costs about 2 us of CPU (torch 2.11; a ResNet's 47 took 0.1 ms)."""
+    params, grads = [], []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            grad = p.grad
+            if grad is None:
+                continue
+            # trainer=fsdp's gradients are DTensors: each rank judges its shard, the ranks pool
+            # the verdicts; a rank may hold no element of a small parameter's gradient.
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            if local.numel():
+                params.append(p)
+                grads.append(local)
+    return params, grads
 
 
 def _largest_magnitudes(grads: list[Tensor]) -> list[Tensor]:
