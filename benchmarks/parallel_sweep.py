@@ -1,0 +1,108 @@
+"""Wall time of one CPU sweep, its jobs side by side (`hydra/launcher=parallel`) against one at a
+time (`hydra/launcher=basic`) (issue #21).
+
+    python benchmarks/parallel_sweep.py                         # 4 jobs, 2 at a time
+    python benchmarks/parallel_sweep.py --jobs 8 --n-jobs 4 --epochs 2
+    python benchmarks/parallel_sweep.py -- data.batch_size=32   # more volt overrides
+
+The sweep is `experiment=digits_cnn seed=1,2,...` for `--epochs` epochs, without early stopping
+(so every job runs all its epochs), each side a fresh `python train.py -m` as a user starts it.
+Under `basic` the jobs run one after another in the sweep's own process, torch using every core;
+under `parallel` `--n-jobs` run at once, each in a process of its own with the cores divided
+among them (`hydra.launcher.threads_per_job`, cores // n_jobs), and each pays its own imports.
+The sides take turns going first over `--repeats` rounds, so that load drifting on a shared
+machine favours neither; CPU time (user + system of the sweep and all its processes) is
+reported beside wall time, as it moves less with that load. Every job must complete: a side
+whose sweep fails is an error, not a time.
+"""
+
+import argparse
+import csv
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+QUIET = ["callbacks.progress_bar=null", "callbacks.model_summary=null"]
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def sweep_command(launcher: str, args: argparse.Namespace, outputs: Path) -> list[str]:
+    seeds = ",".join(str(seed) for seed in range(1, args.jobs + 1))
+    command = [sys.executable, "train.py", "-m", "experiment=digits_cnn", f"seed={seeds}"]
+    command += [f"trainer.max_epochs={args.epochs}", "callbacks.early_stopping=null", *QUIET]
+    command += [f"hydra/launcher={launcher}", f"paths.outputs_dir={outputs}"]
+    if launcher == "parallel":
+        command += [f"hydra.launcher.n_jobs={args.n_jobs}"]
+    return [*command, *args.overrides]
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_sweep(launcher: str, args: argparse.Namespace) -> tuple[float, float]:
+    """(wall s, CPU s) of one sweep; raises unless every job completed."""
+    with tempfile.TemporaryDirectory(prefix=f"sweep-{launcher}-") as tmp:
+        outputs = Path(tmp) / "outputs"
+        cpu_before, start = children_cpu_s(), time.perf_counter()
+        done = subprocess.run(
+            sweep_command(launcher, args, outputs), cwd=PROJECT, capture_output=True, text=True
+        )
+        wall, cpu = time.perf_counter() - start, children_cpu_s() - cpu_before
+        if done.returncode != 0:
+            raise RuntimeError(f"the {launcher} sweep failed:\n{done.stderr[-3000:]}")
+        (sweep_dir,) = (outputs / "train" / "multiruns").iterdir()
+        with (sweep_dir / "summary.csv").open() as f:
+            statuses = [row["status"] for row in csv.DictReader(f)]
+        if statuses != ["completed"] * args.jobs:
+            raise RuntimeError(f"the {launcher} sweep's jobs ended {statuses}")
+    return wall, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=4, help="jobs in the sweep")
+    parser.add_argument("--n-jobs", type=int, default=2, help="jobs at once under parallel")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of both sides")
+    parser.add_argument("overrides", nargs="*", help="more volt overrides, after --")
+    args = parser.parse_args()
+
+    times: dict[str, list[tuple[float, float]]] = {"basic": [], "parallel": []}
+    for round_ in range(args.repeats):
+        order = ["basic", "parallel"] if round_ % 2 == 0 else ["parallel", "basic"]
+        for launcher in order:
+            took = run_sweep(launcher, args)
+            times[launcher].append(took)
+            print(f"round {round_ + 1}: {launcher:8s} {took[0]:7.1f} s wall, {took[1]:7.1f} s CPU")
+
+    n = cores()
+    threads = {"basic": f"torch's default ({n} cores)", "parallel": str(max(1, n // args.n_jobs))}
+    at_once = {"basic": 1, "parallel": args.n_jobs}
+    wall = {side: statistics.median(t[0] for t in runs) for side, runs in times.items()}
+    cpu = {side: statistics.median(t[1] for t in runs) for side, runs in times.items()}
+    print(
+        f"\n{args.jobs} jobs of experiment=digits_cnn, {args.epochs} epochs each, {n} cores,"
+        f" median of {args.repeats}:\n"
+    )
+    print("| launcher | jobs at once | threads per job | wall s | CPU s |")
+    print("| --- | --- | --- | --- | --- |")
+    for side in ("basic", "parallel"):
+        print(
+            f"| {side} | {at_once[side]} | {threads[side]} | {wall[side]:.1f} | {cpu[side]:.1f} |"
+        )
+    print(f"\nbasic / parallel wall time: {wall['basic'] / wall['parallel']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
