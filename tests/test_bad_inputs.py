@@ -103,7 +103,7 @@ CASES: list[tuple[str, list[str], str]] = [
     (
         "batch over ranks",
         ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "data.batch_size=63"],
-        "does not divide over 2 DDP",
+        "does not divide over 2 processes",
     ),
     ("adam eps in fp16", ["precision=16-true"], "model.optimizer.eps=1e-08: fp16 rounds it to 0"),
     # Path parts: every value that names a directory, and the directory they make.

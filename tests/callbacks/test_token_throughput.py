@@ -92,6 +92,20 @@ def test_mfu_is_the_model_flops_over_the_peak(
         assert float(row["perf/mfu"]) == pytest.approx(expected, rel=1e-5)
 
 
+def test_mfu_is_per_device_when_several_processes_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes: tokens/s counts both, each against its own device's peak.
+    monkeypatch.setattr(token_throughput, "peak_tflops", lambda device, dtype: 1e-3)
+    monkeypatch.setattr(pl.Trainer, "world_size", property(lambda trainer: 2))
+    rows = fit(tmp_path, TokenThroughput())
+    for row in rows:
+        rate = float(row["perf/train_tokens_per_s"])
+        assert rate > B * T / STEP_S  # both processes' tokens: more than one can do
+        expected = FLOPS_PER_TOKEN * rate / 2 / 1e9
+        assert float(row["perf/mfu"]) == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("precision", "matmul", "dtype"),
     [

@@ -89,3 +89,11 @@ class RecordBatchNorm(Callback):
         torch.save(
             record, Path(trainer.default_root_dir, f"batchnorm_rank{trainer.global_rank}.pt")
         )
+
+
+class SaveWhenTrainingStarts(Callback):
+    """Every rank saves <run dir>/restored.ckpt as training starts, after any resume restored
+    the state (all ranks: a sharded strategy gathers the full state from each of them)."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        trainer.save_checkpoint(Path(trainer.default_root_dir, "restored.ckpt"))

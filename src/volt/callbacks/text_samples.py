@@ -29,9 +29,9 @@ def as_text(tokens: Tensor) -> str:
 
 
 class TextSamples(Callback):
-    """After each validation during fit, rank 0 continues `num_samples` prompts and writes each
-    prompt and its continuation to TensorBoard (`add_text`, tags `samples/<i>`, at the global
-    step).
+    """After each validation during fit, every rank continues `num_samples` prompts (a sharded
+    model's forward needs all ranks) and rank 0 writes each prompt and its continuation to
+    TensorBoard (`add_text`, tags `samples/<i>`, at the global step).
 
     The prompts are the first `prompt_bytes` tokens of rows spread over the first validation
     batch (the validation loader does not shuffle, so they are the same every time). Tokens are
@@ -77,9 +77,11 @@ class TextSamples(Callback):
                 "(callbacks.text_samples=null) or train a language model"
             )
 
-    def _writers(self, trainer: pl.Trainer) -> list[Any]:
-        loggers = trainer.loggers if trainer.is_global_zero else []
-        return [x.experiment for x in loggers if isinstance(x, TensorBoardLogger)]
+    def _samples(self, trainer: pl.Trainer) -> bool:
+        # Every rank samples, though only rank 0 writes: under trainer=fsdp each forward gathers
+        # weights from all ranks, so a rank that sampled alone would wait for the others forever.
+        # Every rank has the same loggers, so every rank decides alike.
+        return any(isinstance(x, TensorBoardLogger) for x in trainer.loggers)
 
     def on_validation_batch_end(
         self,
@@ -90,16 +92,15 @@ class TextSamples(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        if self.prompts is not None or batch_idx or dataloader_idx or not self._writers(trainer):
+        if self.prompts is not None or batch_idx or dataloader_idx or not self._samples(trainer):
             return
         inputs = batch[0]  # (B, T)
         rows = torch.linspace(0, len(inputs) - 1, self.num_samples).long().unique()
         self.prompts = inputs[rows.to(inputs.device), : self.prompt_bytes].clone()
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        writers = self._writers(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
-        if not (writers and fitting) or self.prompts is None:
+        if not (fitting and self._samples(trainer)) or self.prompts is None:
             return
         assert isinstance(pl_module, ContinuesText), "on_fit_start checked it"
         generator = torch.Generator(self.prompts.device).manual_seed(self.seed)
@@ -107,6 +108,9 @@ class TextSamples(Callback):
             tokens = pl_module.generate(
                 self.prompts, self.max_new_tokens, self.temperature, self.top_k, generator
             )
+        if not trainer.is_global_zero:
+            return
+        writers = [x.experiment for x in trainer.loggers if isinstance(x, TensorBoardLogger)]
         prompt_length = self.prompts.size(1)
         for i, row in enumerate(tokens.cpu()):
             prompt, continuation = as_text(row[:prompt_length]), as_text(row[prompt_length:])

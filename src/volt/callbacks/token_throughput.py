@@ -46,7 +46,7 @@ def peak_tflops(device: torch.device, dtype: str) -> float | None:
 class TokenThroughput(Callback):
     """Logs `perf/train_tokens_per_s` (all processes together) and, where the device's peak is
     known, `perf/mfu`: the module's `flops_per_token()` times tokens per second over the peak for
-    the run's precision (PEAK_TFLOPS).
+    the run's precision (PEAK_TFLOPS) of all its devices together.
 
     Tokens are counted from the shape of the first tensor of each batch, (B, T) token indices,
     which needs no sync. The clock is read, after one GPU sync, only at the steps where Lightning
@@ -109,7 +109,8 @@ class TokenThroughput(Callback):
         rate = self.tokens / max(self.seconds, 1e-9)
         pl_module.log("perf/train_tokens_per_s", rate, rank_zero_only=True)
         if self.flops_per_token and self.peak:
-            mfu = self.flops_per_token * rate / (self.peak * 1e12)
+            # Per device: the rate is every process's tokens (DDP, FSDP), the peak one GPU's.
+            mfu = self.flops_per_token * rate / (self.peak * 1e12 * trainer.world_size)
             pl_module.log("perf/mfu", mfu, rank_zero_only=True)
         self.tokens, self.seconds = 0, 0.0
         self._start_clock(trainer)

@@ -10,14 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from volt.strategies.launcher import RunConfigLauncher
+from volt.strategies.launcher import run_config_launcher
 
 
 class DDPStrategy(LightningDDPStrategy):
@@ -40,15 +38,7 @@ class DDPStrategy(LightningDDPStrategy):
     @override
     def _configure_launcher(self) -> None:
         # Lightning calls this once, when the Trainer has given the strategy its devices.
-        assert self.cluster_environment is not None
-        self._announce_cpu()
-        self._launcher = RunConfigLauncher(
-            self.cluster_environment,
-            self.num_processes,
-            self.num_nodes,
-            self.rank_config,
-            self.trusted_targets,
-        )
+        self._launcher = run_config_launcher(self, "DDP", self.rank_config, self.trusted_targets)
 
     @override
     def _setup_model(self, model: nn.Module) -> DistributedDataParallel:
@@ -58,12 +48,3 @@ class DDPStrategy(LightningDDPStrategy):
         # ..."; measured on 2 x H200: DDP slower than one GPU). Wrap it on the stream that trains.
         device_ids = self.determine_ddp_device_ids()
         return DistributedDataParallel(module=model, device_ids=device_ids, **self._ddp_kwargs)
-
-    def _announce_cpu(self) -> None:
-        assert self.parallel_devices is not None
-        if self.parallel_devices[0].type != "cpu":
-            return
-        reason = "accelerator=cpu" if torch.cuda.is_available() else "no GPU visible"
-        rank_zero_info(
-            f"DDP on the CPU ({reason}): {self.num_nodes * self.num_processes} processes over gloo"
-        )

@@ -1,4 +1,4 @@
-"""The ranks of a volt DDP run: started from the run's resolved config, ended with the run.
+"""The ranks of a volt DDP or FSDP run: started from the run's resolved config, ended with the run.
 
 Lightning's DDP launcher starts ranks 1..N-1 by running `sys.argv` again. Under Hydra that runs
 Hydra again: inside `-m`, every rank starts a sweep of its own (a sweep directory each; Optuna
@@ -50,7 +50,9 @@ import torch
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from volt.errors import RankFailedError, VerdictOfAllRanksError
@@ -112,6 +114,28 @@ def reserve_rendezvous_port(address: str) -> "torch.distributed.TCPStore":
             master_listen_fd=listener.detach(),  # the store closes it when it goes
             use_libuv=_LIBUV_SERVES_A_SOCKET,
         )
+
+
+def run_config_launcher(
+    strategy: DDPStrategy | ModelParallelStrategy,
+    name: str,
+    rank_config: Path,
+    trusted_targets: list[str],
+) -> "RunConfigLauncher":
+    """The launcher of volt's DDP or FSDP strategy `name`, for the devices the Trainer gave it.
+    On the CPU one line (rank 0's) says how many processes run over gloo."""
+    assert strategy.cluster_environment is not None
+    if strategy.root_device.type == "cpu":
+        reason = "accelerator=cpu" if torch.cuda.is_available() else "no GPU visible"
+        processes = strategy.num_nodes * strategy.num_processes
+        rank_zero_info(f"{name} on the CPU ({reason}): {processes} processes over gloo")
+    return RunConfigLauncher(
+        strategy.cluster_environment,
+        strategy.num_processes,
+        strategy.num_nodes,
+        rank_config,
+        trusted_targets,
+    )
 
 
 class RunConfigLauncher(_SubprocessScriptLauncher):

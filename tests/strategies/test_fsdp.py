@@ -1,0 +1,252 @@
+"""trainer=fsdp as a user runs it: torch's FSDP2 over two CPU processes (gloo), started by volt;
+the tiny GPT fitted, sampled, resumed exactly, its checkpoint evaluated, swept; bad combinations
+refused before anything starts. One H100: the same on one GPU in bf16-mixed (marked gpu)."""
+
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from volt.build import build_training
+from volt.config.validation import check_config
+from volt.errors import ConfigError
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+PROBES = "tests.strategies.rank_probes"
+Compose = Callable[..., DictConfig]
+
+# The tiny GPT, a few steps on two ranks: validation (and sampling) every 3 steps.
+TINY = [
+    "experiment=gpt_bytes_tiny",
+    "trainer=fsdp",
+    "trainer.devices=2",
+    "trainer.max_steps=6",
+    "model.scheduler.warmup_steps=2",
+    "data.batch_size=8",
+    "data.steps_per_epoch=3",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "trainer.log_every_n_steps=2",
+    "callbacks.text_samples.max_new_tokens=8",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+]
+
+
+def eval_command(checkpoint: str | Path) -> list[str]:
+    """`python -m volt.eval` of `checkpoint` on the test batches its run tested."""
+    return [
+        f"ckpt_path={checkpoint}",
+        "trainer.limit_test_batches=2",
+        "callbacks.progress_bar=null",
+    ]
+
+
+def only_dir(parent: Path) -> Path:
+    children = [p for p in parent.iterdir() if p.is_dir()]
+    assert len(children) == 1, children
+    return children[0]
+
+
+def assert_two_ranks_trained(run_dir: Path) -> None:
+    rank0_log = (run_dir / "train.log").read_text()
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in rank0_log
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in (run_dir / "train_rank1.log").read_text()
+    assert "strategy=FSDPStrategy" in rank0_log
+    if not torch.cuda.is_available():
+        assert rank0_log.count("FSDP on the CPU (no GPU visible): 2 processes over gloo") == 1
+
+
+def text_samples(run_dir: Path) -> list[int]:
+    """The steps at which TensorBoard got a samples/0 text, from whichever event file holds it."""
+    steps = []
+    for events_file in run_dir.rglob("events.out.tfevents.*"):
+        events = EventAccumulator(str(events_file), size_guidance={"tensors": 0})
+        events.Reload()
+        if "samples/0/text_summary" in events.Tags()["tensors"]:
+            steps += [e.step for e in events.Tensors("samples/0/text_summary")]
+    return sorted(steps)
+
+
+def as_lists(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: as_lists(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_lists(v) for v in value]
+    return value
+
+
+def test_fsdp_config_asks_for_two_cpu_processes_and_shards_gpt_blocks(
+    compose_config: Compose, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cfg = compose_config("train", ["trainer=fsdp"])
+    assert cfg.trainer.devices == 2
+    assert cfg.trainer.strategy._target_ == "volt.strategies.fsdp.FSDPStrategy"
+    assert cfg.trainer.strategy.rank_config == f"{cfg.paths.output_dir}/config_resolved.yaml"
+    assert list(cfg.trainer.strategy.wrap) == ["volt.nets.gpt.Block"]
+    check_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "refusal"),
+    [
+        (["trainer=fsdp", "precision=16-mixed"], "precision=16-mixed with trainer=fsdp"),
+        (["trainer=fsdp", "precision=64-true"], "precision=64-true with trainer=fsdp"),
+        (["trainer=fsdp", "+trainer.sync_batchnorm=true"], "trainer.sync_batchnorm=true with"),
+        (["trainer=ddp", "trainer.strategy=fsdp"], "trainer.strategy=fsdp: Lightning's FSDP1"),
+        (["trainer=fsdp", "tune=lr"], "tune=lr runs on one device only"),
+    ],
+)
+def test_combinations_fsdp_cannot_train_are_refused_in_one_line(
+    overrides: list[str], refusal: str, compose_config: Compose
+) -> None:
+    cfg = compose_config("train", overrides)
+    with pytest.raises(ConfigError, match=refusal) as caught:
+        check_config(cfg)
+    assert "\n" not in str(caught.value)
+    assert "trainer=" in str(caught.value) or "precision=" in str(caught.value)
+
+
+def test_a_wrap_class_the_model_lacks_is_refused_before_any_rank_starts(
+    compose_config: Compose, tmp_path: Path
+) -> None:
+    # The default model (an MLP) has no GPT block: a config for another model, caught at build.
+    cfg = compose_config("train", ["trainer=fsdp", f"paths.data_dir={tmp_path}"])
+    with pytest.raises(
+        ConfigError, match=re.escape("has no layer of class 'volt.nets.gpt.Block'")
+    ) as caught:
+        build_training(cfg, OmegaConf.to_container(cfg, resolve=True))
+    assert "trainer.strategy.wrap=[]" in str(caught.value)
+    assert not list(Path(cfg.paths.output_dir).glob("config_resolved.yaml"))  # nothing started
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_fit_sample_and_eval_reads_the_checkpoint(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    result = run_volt([*TINY, "name=tiny"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "tiny"
+    assert_two_ranks_trained(run_dir)
+    # Both ranks sampled (the sharded forward needs both), rank 0 wrote: at each validation.
+    assert text_samples(run_dir) == [3, 6]
+    trained = json.loads((run_dir / "metrics.json").read_text())
+    best = Path(trained["best_checkpoint"])
+    # One file, as a single-device run's: full weights and names, tied head included.
+    state = torch.load(best, weights_only=True)["state_dict"]
+    assert state["net.blocks.0.attn.qkv.weight"].shape == (384, 128)
+    assert torch.equal(state["net.lm_head.weight"], state["net.tok_emb.weight"])
+
+    evaluated = run_volt(eval_command(best), module="volt.eval")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    record = json.loads(only_dir(tmp_path / "outputs" / "eval" / "runs").joinpath(
+        "metrics.json").read_text())  # fmt: skip
+    # The same 16 windows: two ranks' 2 batches of 4 (every other window each), one device's 2
+    # batches of 8.
+    assert record["metrics"]["test/bpb"] == pytest.approx(trained["metrics"]["test/bpb"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_restores_exactly_the_state_its_checkpoint_holds(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    """Saved from two shards, read back into two shards, saved again: the same file contents.
+    (Whether the training that follows matches an unbroken run is volt's resume logic, the same
+    with or without FSDP: tests/runs/test_resume.py.)"""
+    quick = [
+        *TINY,
+        "model.scheduler.max_steps=6",
+        "callbacks.early_stopping=null",  # volt's check at a restored epoch end: see the report
+        "test=false",
+        "callbacks.text_samples=null",
+        "logger=csv",
+        "trusted_targets=[tests]",
+        f"+callbacks.restored={{_target_:{PROBES}.SaveWhenTrainingStarts}}",
+    ]
+    stopped = run_volt([*quick, "name=resumed", "trainer.max_steps=3"])
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "resumed"
+    (run_dir / "metrics.json").unlink()  # as if killed after its step-3 checkpoint
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    resumed = run_volt([*quick, "name=resumed"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming run resumed from" in (run_dir / "train.log").read_text()
+    assert "resuming run resumed from" in (run_dir / "train_rank1.log").read_text()
+    restored = torch.load(run_dir / "restored.ckpt", weights_only=True)
+    assert restored["global_step"] == saved["global_step"] == 3
+    # Parameters, and state kept otherwise: the best bpb so far (a torchmetrics metric).
+    assert saved["state_dict"].keys() == restored["state_dict"].keys()
+    assert "val_bpb_best.min_value" in saved["state_dict"]
+    for key, value in saved["state_dict"].items():
+        assert torch.equal(value, restored["state_dict"][key]), key
+    # AdamW's moments and step, keyed as a single-device run's, and its groups' settings.
+    before, after = saved["optimizer_states"][0], restored["optimizer_states"][0]
+    # (betas come back a list, as the config gave them, where the file had a tuple)
+    assert as_lists(before["param_groups"]) == as_lists(after["param_groups"])
+    assert before["state"].keys() == after["state"].keys()
+    for index, moments in before["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(value, after["state"][index][name]), (index, name)
+    assert saved["lr_schedulers"] == restored["lr_schedulers"]
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 6
+
+
+@pytest.mark.slow
+def test_multirun_jobs_each_shard_their_own_config_over_both_ranks(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    quick = [*TINY, "trainer.max_steps=3", "test=false", "callbacks.text_samples=null"]
+    # Job directories named by number alone: these overrides would make too long a name.
+    subdir = "hydra.sweep.subdir=${hydra.job.num}"
+    result = run_volt(["-m", *quick, "model.optimizer.lr=1e-3,1e-2", subdir])
+    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = only_dir(tmp_path / "outputs" / "train" / "multiruns")
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [j.name for j in jobs] == ["0", "1"]
+    for job, lr in zip(jobs, (1e-3, 1e-2), strict=True):
+        assert_two_ranks_trained(job)
+        stored = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
+        assert stored["volt_config"]["model"]["optimizer"]["lr"] == lr
+        assert stored["global_step"] == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compile_mode", ["off", "default"])
+def test_one_gpu_fits_bf16_resumes_and_evals(
+    compile_mode: str, run_volt: Run, tmp_path: Path
+) -> None:
+    """The lead's H100 check: trainer=fsdp devices=1 in bf16-mixed, eager and compiled."""
+    gpu = [
+        *TINY,
+        "trainer.devices=1",
+        "precision=bf16-mixed",
+        f"compile={compile_mode}",
+        "data.batch_size=32",
+        "trainer.limit_val_batches=4",
+        "callbacks.early_stopping=null",  # volt's check at a restored epoch end: see above
+    ]
+    assert run_volt([*gpu, "name=gpu", "trainer.max_steps=3"]).returncode == 0
+    runs = tmp_path / "outputs" / "train" / "runs"
+    (runs / "gpu" / "metrics.json").unlink()  # as if killed after its step-3 checkpoint
+    result = run_volt([*gpu, "name=gpu"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (runs / "gpu" / "train.log").read_text()
+    assert "resuming run gpu from" in log
+    assert "precision=bf16-mixed strategy=FSDPStrategy" in log
+    assert text_samples(runs / "gpu") == [3, 6]
+    trained = json.loads((runs / "gpu" / "metrics.json").read_text())
+    assert torch.load(runs / "gpu" / "checkpoints" / "last.ckpt")["global_step"] == 6
+    evaluated = run_volt(eval_command(trained["best_checkpoint"]), module="volt.eval")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    record = json.loads(only_dir(tmp_path / "outputs" / "eval" / "runs").joinpath(
+        "metrics.json").read_text())  # fmt: skip
+    # One device in both: the same weights on the same test batches.
+    assert record["metrics"]["test/bpb"] == pytest.approx(trained["metrics"]["test/bpb"], rel=1e-2)
