@@ -1,0 +1,46 @@
+"""What an experiment tracker (MLflow, W&B) is told about a volt run, read from the run's
+directory: its name, the sweep it is a job of, the overrides it was started with; and the
+tracker's own id for it, kept in that directory, so that continuing a named run (`name=...`)
+continues the same tracked run instead of starting another."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    directory: Path
+    sweep: str | None  # the sweep's directory name when the run is a job of a sweep
+    # As typed on the command line: a value read from the environment is its `${oc.env:NAME}`
+    # text, never the value (volt refuses a secret given literally before Hydra starts).
+    overrides: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.directory.name
+
+    def _id_file(self, tracker: str) -> Path:
+        return self.directory / f"{tracker}_run_id.txt"
+
+    def stored_id(self, tracker: str) -> str | None:
+        """The id `tracker` gave this run in an earlier attempt, if any."""
+        path = self._id_file(tracker)
+        if not path.is_file():
+            return None
+        return path.read_text().strip() or None
+
+    def store_id(self, tracker: str, run_id: str) -> None:
+        self._id_file(tracker).write_text(run_id + "\n")
+
+
+def tracked_run(run_dir: str, sweep_dir: str) -> TrackedRun:
+    """`run_dir` is the run's own directory, `sweep_dir` Hydra's `hydra.sweep.dir`: a sweep's job
+    lies directly in it, a single run never does (outputs/<task>/runs/ against .../multiruns/)."""
+    directory = Path(run_dir)
+    sweep = Path(sweep_dir).name if directory.parent == Path(sweep_dir) else None
+    # Hydra writes the job's overrides here before the job starts (the swept values included).
+    overrides_file = directory / ".hydra" / "overrides.yaml"
+    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None
+    return TrackedRun(directory, sweep, tuple(str(o) for o in overrides or ()))
