@@ -51,11 +51,14 @@ def test_multirun_has_one_directory_per_job_and_a_summary(run_volt: Run, tmp_pat
     assert "data.batch_size=64" in jobs[3] and "model.optimizer.lr=0.01" in jobs[3]
     with (sweep / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
+    best_first = [float(r["val/acc_best"]) for r in rows]
+    assert best_first == sorted(best_first, reverse=True)  # ranked by the watched metric
+    rows.sort(key=lambda r: int(r["job"]))
     assert [r["job"] for r in rows] == ["0", "1", "2", "3"]
     assert {r["data.batch_size"] for r in rows} == {"32", "64"}
     assert all(r["status"] == "completed" and float(r["test/acc"]) > 0.5 for r in rows)
     for job, row in zip(jobs, rows, strict=True):
-        assert (sweep / job / "tensorboard").is_dir()
+        assert any((sweep / job).glob("events.out.tfevents.*"))  # the job's TensorBoard run
         # Each job trained with its own values, not the config's defaults.
         resolved = yaml.safe_load((sweep / job / "config_resolved.yaml").read_text())
         assert str(resolved["data"]["batch_size"]) == row["data.batch_size"]

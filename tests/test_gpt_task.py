@@ -52,7 +52,7 @@ def test_a_short_tiny_run_learns_context_and_eval_tests_and_samples_its_checkpoi
     run_dir = Path(cfg.paths.output_dir)
     assert metrics["test/bpb"] < BYTE_FREQUENCY_BITS  # 3.9 here; the full 200 steps reach 3.27
 
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0})
+    events = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
     events.Reload()
     assert [e.step for e in events.Scalars("perf/train_tokens_per_s")] == [9, 19, 29, 39, 49]
     assert all(e.value > 0 for e in events.Scalars("perf/train_tokens_per_s"))

@@ -25,6 +25,7 @@ ROOMS = {
     "checkpointing",
     "runs",
     "sweeps",
+    "loggers",
     "console",
     "gpu",
     "tuning",

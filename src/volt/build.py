@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
@@ -28,11 +29,14 @@ from torch import nn
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from volt.callbacks.prediction_writer import CSVPredictionWriter
 from volt.callbacks.rng_state import RNGStateInCheckpoint
+from volt.callbacks.weight_averaging import ExponentialMovingAverage
 from volt.checkpointing import AtomicCheckpointIO, read_stored_config
 from volt.config.targets import check_stored_config, check_targets
 from volt.errors import ConfigError
 from volt.gpu import apply_compile
+from volt.strategies.fsdp import FSDPStrategy
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
+from volt.sweeps.pruning import TrialLink, TrialPruning, default_pruner, trial_in_environment
 
 # The task of checkpoints written before conf/task/ existed (volt before 2026-11-23): what
 # build_model then passed every model. Delete once such checkpoints need not be evaluated.
@@ -181,6 +185,21 @@ def build_trainer(
     )
 
 
+def build_trial_pruning(watch: str) -> list[Callback]:
+    """In a trial of volt's Optuna search (`volt.sweeps.pruning`): the callback that reports
+    `watch` and stops the trial when pruned. Rank 0 reads the study's place and pruner from its
+    Hydra config, the one Hydra built the sweeper from; the other ranks only hear the verdict."""
+    number = trial_in_environment()
+    if number is None:
+        return []
+    if pl.utilities.rank_zero_only.rank != 0:  # type: ignore[attr-defined]  # set at import
+        return [TrialPruning(watch, None)]
+    hydra_cfg = HydraConfig.get()
+    pruner = hydra_cfg.sweeper.get("pruner")
+    link = TrialLink(Path(hydra_cfg.sweep.dir), hydra_cfg.sweeper.study_name, number)
+    return [TrialPruning(watch, link, instantiate(pruner) if pruner else default_pruner())]
+
+
 def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects:
     """The run's objects; `resolved` (cfg as plain data) is what every checkpoint will store, so a
     value the run changes later (a tuned batch size or learning rate) is written into it."""
@@ -193,7 +212,14 @@ def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects
     # The resolved config in every checkpoint (`volt.eval` rebuilds the run from it alone), and
     # the random generators' states, so a resumed run draws what an unbroken one would.
     extra = [ConfigInCheckpoint(resolved), RNGStateInCheckpoint()]
-    return TrainingObjects(datamodule, model, build_trainer(cfg, trusted, extra, plugins))
+    if cfg.get("ema") is not None:
+        # Validation, the checkpoints and test see the average: volt.callbacks.weight_averaging.
+        extra.append(ExponentialMovingAverage(cfg.ema))
+    extra += build_trial_pruning(cfg.task.watch)
+    trainer = build_trainer(cfg, trusted, extra, plugins)
+    if isinstance(trainer.strategy, FSDPStrategy):
+        trainer.strategy.check_module(model)  # its `wrap` against this model, before ranks start
+    return TrainingObjects(datamodule, model, trainer)
 
 
 def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:

@@ -113,8 +113,7 @@ class VoltCallback(Callback):
 
     @_exits_on_error
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        watch = OmegaConf.select(config, "task.watch", default=None)
-        print_sweep_summary(Path(config.hydra.sweep.dir), f"{watch}_best" if watch else None)
+        print_sweep_summary(Path(config.hydra.sweep.dir))
         if self._dir_lock is not None:
             self._dir_lock.release()
 

@@ -27,13 +27,14 @@ from volt.device_report import headline, save_device_report
 from volt.errors import TrainingOutOfMemoryError
 from volt.gpu import apply_matmul_precision, explain_oom
 from volt.runs import (
-    log_final_hparams,
+    hparams_session,
     plan_resume,
     run_record,
     save_resolved_config,
     write_metrics,
 )
 from volt.strategies.launcher import ranks_end_with_run
+from volt.sweeps.pruning import was_pruned
 from volt.tuning import find_batch_size, find_learning_rate
 
 log = logging.getLogger("volt")
@@ -90,7 +91,7 @@ def fit_and_test(
         and score is not None
     ):
         metrics[f"{watch}_best"] = float(score)
-    if test and not run.trainer.interrupted:
+    if test and not run.trainer.interrupted and not was_pruned(run.trainer):
         results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=best or None)
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
@@ -122,9 +123,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
             resolved["model"]["optimizer"]["lr"] = lr
         if cfg.tune:
             save_resolved_config(resolved, run_dir)
-        with ranks_end_with_run(run.trainer):  # DDP ranks this process starts end with the run
-            metrics, best = fit_and_test(run, cfg.test, plan.checkpoint, cfg.task.watch)
-        log_final_hparams(run.trainer.loggers, resolved, metrics)
-        write_metrics(run_dir, metrics, best_checkpoint=best)
+        # The hparams tab lists the run from here on; its final status comes from the
+        # metrics.json written inside, or from how the block ends.
+        with hparams_session(run.trainer.loggers, resolved, run_dir):
+            with ranks_end_with_run(run.trainer):  # this process's DDP ranks end with the run
+                metrics, best = fit_and_test(run, cfg.test, plan.checkpoint, cfg.task.watch)
+            status = "pruned" if was_pruned(run.trainer) else "completed"
+            write_metrics(run_dir, metrics, best_checkpoint=best, status=status)
     print_result(metrics, run_dir)
     return metrics

@@ -51,6 +51,8 @@ EXTRA = {
         "trusted_targets=[tests]",
     ],
     **{option: [o for o in LANGUAGE_MODEL if o != option] for option in LANGUAGE_MODEL},
+    # trainer=fsdp shards the GPT's blocks (trainer.strategy.wrap): the default MLP has none.
+    "trainer=fsdp": LANGUAGE_MODEL,
 }
 
 

@@ -301,7 +301,7 @@ def assert_stored_as_interpolation(run_dir: Path) -> None:
     stored = OmegaConf.load(run_dir / "config_resolved.yaml")  # as a DDP rank loads it
     assert stored.logger.keyed.api_key == os.environ["VOLT_TEST_SECRET"]
     assert stored.model.net.dropout == float(os.environ["VOLT_TEST_DROPOUT"])
-    events = b"".join(p.read_bytes() for p in (run_dir / "tensorboard").glob("events.*"))
+    events = b"".join(p.read_bytes() for p in run_dir.glob("events.*"))
     assert b"${oc.decode:${oc.env:VOLT_TEST_DROPOUT}}" in events  # the hparams tab's entry
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["volt_config"]["tags"] == ["run-${oc.env:VOLT_TEST_SECRET}"]

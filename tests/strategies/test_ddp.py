@@ -119,16 +119,20 @@ def test_multirun_jobs_each_train_their_own_config_on_both_ranks(
     assert not processes_mentioning(str(tmp_path))
 
 
-def test_optuna_trials_sample_once_for_all_ranks(run_volt: Run, tmp_path: Path) -> None:
-    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="the optuna extra")
+def test_optuna_trials_sample_once_for_all_ranks_and_prune_together(
+    run_volt: Run, tmp_path: Path
+) -> None:
     result = run_volt(
         [
             "-m",
             *QUICK,
-            "hydra/sweeper=optuna",
+            "trainer.max_epochs=3",
+            "hydra/sweeper=volt_optuna",
             "hydra.sweeper.n_trials=2",
-            "hydra.sweeper.direction=maximize",
             "model.optimizer.lr=interval(1e-4,1e-2)",
+            # val/acc never reaches 2: rank 0's pruner stops every trial at its first validation,
+            # and rank 1 must stop there too (were it to train on, the run would hang).
+            "hydra.sweeper.pruner={_target_:optuna.pruners.ThresholdPruner,lower:2.0}",
             f"+callbacks.lr_probe={{_target_:{PROBES}.RecordLearningRate}}",
         ]
     )
@@ -137,9 +141,14 @@ def test_optuna_trials_sample_once_for_all_ranks(run_volt: Run, tmp_path: Path) 
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert len(jobs) == 2
     for job in jobs:
-        sampled = float(job.name.split("model.optimizer.lr=")[1].split(",")[0])
+        overrides = (job / ".hydra" / "overrides.yaml").read_text()
+        sampled = float(overrides.split("model.optimizer.lr=")[1].split()[0])
         used = {float((job / f"lr_rank{rank}.txt").read_text()) for rank in (0, 1)}
         assert used == {sampled}, job.name
+        assert json.loads((job / "metrics.json").read_text())["status"] == "pruned"
+        last = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
+        assert last["epoch"] == 0  # stopped after its first epoch's validation
+    assert "pruned: 2" in (sweep / "best.yaml").read_text()
 
 
 @pytest.mark.parametrize(

@@ -165,3 +165,13 @@ LOADER_RULES = (
     Rule("data.drop_last", one_of(True, False), "true or false", "data.drop_last=true"),
     Rule("data.download", one_of(True, False), "true or false", "data.download=false"),
 )
+
+# Loggers whose package is an optional extra: the `_target_` class's name -> the module it needs.
+# Lightning's own and volt's (volt.loggers) alike.
+LOGGER_PACKAGES = {
+    "MLFlowLogger": "mlflow",
+    "MLflowRunLogger": "mlflow",
+    "WandbLogger": "wandb",
+    "WandbRunLogger": "wandb",
+}
+LOGGERS_EXTRA = "pip install 'volt[loggers]'"

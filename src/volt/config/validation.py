@@ -1,6 +1,7 @@
 """Checks a composed config before anything is started: each problem becomes one line that names
 the key, the bad value, what is allowed and what to type instead."""
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ from omegaconf.errors import OmegaConfBaseException
 from volt.config.lightning_flags import check_trainer_flags
 from volt.config.rules import (
     LOADER_RULES,
+    LOGGER_PACKAGES,
+    LOGGERS_EXTRA,
     TRAINER_RULES,
     Rule,
     int_from,
@@ -36,6 +39,12 @@ TRAIN_RULES = (
     ),
     Rule("task.mode", one_of("max", "min"), "max or min", "task.mode=min"),
     Rule("channels_last", one_of(True, False), "true or false", "channels_last=true"),
+    Rule(
+        "ema",
+        lambda v: v is None or (is_number(v) and 0 < v < 1),
+        "null (off) or a decay strictly between 0 and 1",
+        "ema=0.999",
+    ),
     Rule(
         "task.module",
         lambda v: v is None or ((isinstance(v, str) and v.isidentifier()) or "." in str(v)),
@@ -175,7 +184,10 @@ def check_config(cfg: DictConfig) -> None:
             "value with trainer=gpu first and pass it on"
         )
     _check_one_process_toggles(cfg)
+    _check_sharding(cfg)
+    _check_ema_unsharded(cfg)
     _check_adam_eps_in_fp16(cfg)
+    _check_logger_packages(cfg)
     val, test = (OmegaConf.select(cfg, f"data.{k}_fraction") for k in ("val", "test"))
     if is_number(val) and is_number(test) and val + test >= 1:
         raise ConfigError(
@@ -202,6 +214,64 @@ def _check_one_process_toggles(cfg: DictConfig) -> None:
             f"compile={OmegaConf.select(cfg, 'compile.mode')} with trainer=dp: DataParallel"
             " copies the module to every GPU each step, which a compiled module does not survive;"
             " use trainer=ddp, or compile=off"
+        )
+
+
+def _check_logger_packages(cfg: DictConfig) -> None:
+    """A logger whose package is missing would fail only once the Trainer is built."""
+    loggers = cfg.get("logger")
+    if not isinstance(loggers, DictConfig):
+        return
+    for name in map(str, loggers):
+        entry = loggers[name]
+        target = str(entry.get("_target_", "")) if isinstance(entry, DictConfig) else ""
+        package = LOGGER_PACKAGES.get(target.rsplit(".", 1)[-1])
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"logger.{name} ({target}) needs the {package} package, which is not installed:"
+                f" {LOGGERS_EXTRA}, or choose another logger (e.g. logger=tensorboard)"
+            )
+
+
+def _check_ema_unsharded(cfg: DictConfig) -> None:
+    """ema keeps a whole copy of the module on every rank and averages it parameter by parameter
+    against the module's: under a sharded strategy each rank holds only shards to average."""
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else str(strategy)
+    ema = cfg.get("ema")
+    if ema is not None and any(name in target.lower() for name in ("fsdp", "deepspeed")):
+        raise ConfigError(
+            f"ema={ema} with trainer.strategy={target}: the average needs the whole module on"
+            " every rank, which a sharded strategy does not keep; use trainer=ddp, or ema=null"
+        )
+
+
+# What Lightning's FSDP2 strategy (under volt's trainer=fsdp) trains in: 16-mixed would need a
+# gradient scaler for sharded gradients, which it has not; 64-true it refuses.
+FSDP_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
+
+
+def _check_sharding(cfg: DictConfig) -> None:
+    """trainer=fsdp's precisions and toggles; Lightning's own FSDP by name is pointed to it."""
+    strategy = OmegaConf.select(cfg, "trainer.strategy")
+    if isinstance(strategy, str) and strategy.lower().startswith("fsdp"):
+        raise ConfigError(
+            f"trainer.strategy={strategy}: Lightning's FSDP1 re-runs the command line for each"
+            " rank (under -m, a sweep per rank) and runs on CUDA only; use trainer=fsdp"
+        )
+    target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else ""
+    if not target.endswith("strategies.fsdp.FSDPStrategy"):
+        return
+    precision = cfg.get("precision")
+    if precision not in FSDP_PRECISIONS:
+        raise ConfigError(
+            f"precision={precision} with trainer=fsdp: sharded training runs in "
+            f"{', '.join(FSDP_PRECISIONS)} only; use precision=bf16-mixed (or 32-true)"
+        )
+    if OmegaConf.select(cfg, "trainer.sync_batchnorm"):
+        raise ConfigError(
+            "trainer.sync_batchnorm=true with trainer=fsdp: volt synchronises BatchNorm under"
+            " trainer=ddp only; use trainer=ddp, or trainer.sync_batchnorm=false"
         )
 
 
@@ -265,11 +335,12 @@ def check_machine(cfg: DictConfig) -> None:
     target = strategy.get("_target_", "") if isinstance(strategy, DictConfig) else str(strategy)
     nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=1)
     batch = OmegaConf.select(cfg, "data.batch_size")
-    if "ddp" in target.lower() and is_int(devices) and is_int(batch) and is_int(nodes):
+    data_parallel = "ddp" in target.lower() or "fsdp" in target.lower()
+    if data_parallel and is_int(devices) and is_int(batch) and is_int(nodes):
         processes = devices * nodes
         if batch % processes:
             raise ConfigError(
-                f"data.batch_size={batch} does not divide over {processes} DDP processes: "
+                f"data.batch_size={batch} does not divide over {processes} processes: "
                 f"use a multiple of {processes}, "
                 f"e.g. data.batch_size={max(1, batch // processes) * processes}"
             )

@@ -86,13 +86,14 @@ class Classifier(pl.LightningModule):
         # Logged once, not each step: the value is the epoch's (reduced over processes).
         self.log("train/acc", self.train_acc, on_step=False, on_epoch=True)
 
-    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+    def validation_step(self, batch: Batch, batch_idx: int) -> Tensor:
         x, y = batch
         logits = self(x)
         self.val_loss(self.criterion(logits, y))
         self.val_acc(logits, y)
         self.log("val/loss", self.val_loss, on_step=False, on_epoch=True)
         self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+        return logits  # (B, K), for callbacks (volt.callbacks.images' confusion matrix)
 
     def on_validation_epoch_end(self) -> None:
         # val_acc.compute() is already reduced over processes, so every rank logs the same value.

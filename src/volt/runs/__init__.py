@@ -1,10 +1,10 @@
-"""A run's directory over its life: the records it leaves (records), one writer at a time (lock),
-and continuing a named run where it stopped (resume)."""
+"""A run's directory over its life: the records it leaves (records, and TensorBoard's hparams tab:
+hparams_tab), one writer at a time (lock), and continuing a named run where it stopped (resume)."""
 
+from volt.runs.hparams_tab import hparams_session
 from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
 from volt.runs.records import (
     METRICS_FILE,
-    log_final_hparams,
     record_failure,
     run_record,
     save_resolved_config,
@@ -18,8 +18,8 @@ __all__ = [
     "RunLock",
     "RunLockedError",
     "check_same_run",
+    "hparams_session",
     "lock_run_dir",
-    "log_final_hparams",
     "plan_resume",
     "record_failure",
     "run_record",

@@ -1,5 +1,5 @@
-"""What a run leaves in its directory besides checkpoints: resolved config, metrics.json, run.json
-(command, git state, outcome), and the TensorBoard hparams tab filled with the final metrics."""
+"""What a run leaves in its directory besides checkpoints: resolved config, metrics.json and
+run.json (command, git state, outcome); TensorBoard's hparams tab is `volt.runs.hparams_tab`."""
 
 import datetime
 import json
@@ -7,21 +7,22 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from volt.config import PROJECT_ROOT
 from volt.errors import TrainingInterrupted
 
-HPARAM_GROUPS = ("data", "model", "trainer", "compile", "precision", "seed")
 METRICS_FILE = "metrics.json"
+# How a run ended by a signal (GracefulShutdown, Lightning's own SIGTERM handling, a second Ctrl+C).
+INTERRUPTIONS = (TrainingInterrupted, SIGTERMException, KeyboardInterrupt)
 
 
 @rank_zero_only
@@ -30,40 +31,6 @@ def save_resolved_config(config: Mapping[str, Any], run_dir: Path) -> None:
     but for those read from the environment, which `config` (volt.config.redaction) holds as their
     `${oc.env:...}`: DDP ranks train from this file and read them from the environment again."""
     (run_dir / "config_resolved.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
-
-
-def flat_hparams(config: Mapping[str, Any]) -> dict[str, Any]:
-    """`model.optimizer.lr: 0.003`, ...: scalars as they are, lists as text, for the hparams tab."""
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, Mapping):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif value is None or isinstance(value, bool | int | float | str):
-            flat[prefix] = value if value is not None else "null"
-        else:
-            flat[prefix] = str(value)
-
-    for group in HPARAM_GROUPS:
-        if group in config:
-            walk(group, config[group])
-    return flat
-
-
-@rank_zero_only
-def log_final_hparams(
-    loggers: Sequence[Logger], config: Mapping[str, Any], metrics: Mapping[str, float]
-) -> None:
-    """One hparams record per run, written after test so it carries real results."""
-    params = flat_hparams(config)
-    for logger in loggers:
-        if isinstance(logger, TensorBoardLogger):
-            # TensorBoard links hparams to metrics in one record; the hparams tab shows both.
-            logger.log_hyperparams(params, metrics=dict(metrics))
-        else:
-            logger.log_hyperparams(params)
-        logger.save()
 
 
 @rank_zero_only
@@ -75,6 +42,25 @@ def write_metrics(run_dir: Path, metrics: Mapping[str, float], **details: Any) -
 def record_failure(run_dir: Path, error: str) -> None:
     """metrics.json for a run that ended in an error, so a sweep summary can say why."""
     (run_dir / METRICS_FILE).write_text(json.dumps({"status": "failed", "error": error}) + "\n")
+
+
+def run_status(error: BaseException | None) -> str:
+    """How a run ended, as run.json and the hparams tab say: completed, interrupted or failed."""
+    if error is None:
+        return "completed"
+    # Lightning 2.x turns a Ctrl+C inside fit into `sys.exit(1)`, raised while it handles the
+    # KeyboardInterrupt (lightning/pytorch/trainer/call.py), which is left as its context.
+    if isinstance(error, INTERRUPTIONS) or isinstance(error.__context__, KeyboardInterrupt):
+        return "interrupted"
+    return "failed"
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any] | None:
+    """The run's metrics.json record; None if there is none (or a torn one)."""
+    try:
+        return json.loads((run_dir / METRICS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _git(*args: str) -> str | None:
@@ -139,14 +125,15 @@ def run_record(run_dir: Path) -> Iterator[None]:
     path.write_text(json.dumps(record, indent=2) + "\n")
     try:
         yield
-        record["status"] = "completed"
+        record["status"] = run_status(None)
     except TrainingInterrupted as stop:
-        record["status"] = "interrupted"
+        record["status"] = run_status(stop)
         record["signal"] = signal.Signals(stop.signum).name
         raise
     except BaseException as error:
-        record["status"] = "failed"
-        record["error"] = f"{type(error).__name__}: {error}"
+        record["status"] = run_status(error)
+        if record["status"] == "failed":
+            record["error"] = f"{type(error).__name__}: {error}"
         raise
     finally:
         record["ended"] = datetime.datetime.now().isoformat(timespec="seconds")

@@ -1,14 +1,53 @@
-"""The table at the end of a multirun: one row per job, its overrides and its final metrics."""
+"""The table of a sweep: one row per job, its overrides, how it ended and its final metrics, best
+first by the task's watched metric. Written as summary.csv and summary.md in the sweep directory
+after every job and at the end of the sweep (with, for a search, the objective against each
+searched parameter in search.png), and on demand, also while the sweep runs:
+
+    python -m volt.sweeps.summary outputs/train/multiruns/<sweep>
+"""
 
 import csv
 import json
+import math
+import os
+import sys
 from pathlib import Path
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from volt.runs import METRICS_FILE
+
+CSV_FILE = "summary.csv"
+MARKDOWN_FILE = "summary.md"
+LOCK_FILE = ".lock"  # volt.runs.lock's: held by the process that runs the job
+
+
+def job_status(job_dir: Path) -> str:
+    """completed / failed / pruned from the job's metrics.json; without one, running while a
+    process holds the job's lock, else interrupted (killed before it could say)."""
+    metrics_file = job_dir / METRICS_FILE
+    if metrics_file.is_file():
+        return str(json.loads(metrics_file.read_text()).get("status", "completed"))
+    return "running" if _lock_held(job_dir / LOCK_FILE) else "interrupted"
+
+
+def _lock_held(lock_file: Path) -> bool:
+    """Whether a process on this machine holds an flock on `lock_file`, read from /proc/locks:
+    trying the lock would take it for a moment, and a job starting then would be refused."""
+    try:
+        inode = os.stat(lock_file).st_ino
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    # `1: FLOCK  ADVISORY  WRITE 4242 08:01:1234567 0 EOF`: the sixth field is dev:dev:inode.
+    return any(
+        line.split()[1] == "FLOCK" and line.split()[5].rsplit(":", 1)[-1] == str(inode)
+        for line in locks.splitlines()
+        if len(line.split()) > 5 and "->" not in line
+    )
 
 
 def collect_jobs(sweep_dir: Path) -> list[dict[str, str]]:
@@ -17,45 +56,135 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, str]]:
     for overrides_file in sweep_dir.glob("*/.hydra/overrides.yaml"):
         job_dir = overrides_file.parent.parent
         overrides = yaml.safe_load(overrides_file.read_text()) or []
-        row = {"job": job_dir.name.split("_", 1)[0], "dir": job_dir.name}
+        row = {"job": job_dir.name.split("_", 1)[0], "status": job_status(job_dir)}
         row.update(o.split("=", 1) for o in overrides if "=" in o)
         metrics_file = job_dir / METRICS_FILE
         if metrics_file.is_file():
             record = json.loads(metrics_file.read_text())
-            row["status"] = record.get("status", "completed")
             row.update({k: f"{v:.6g}" for k, v in record.get("metrics", {}).items()})
             if "error" in record:
                 row["error"] = record["error"]
-        else:
-            row["status"] = "unfinished"  # running, or killed before it could say
+        row["dir"] = str(job_dir)
         rows.append(row)
     return sorted(rows, key=lambda r: int(r["job"]) if r["job"].isdigit() else 0)
 
 
+def sweep_config(sweep_dir: Path) -> DictConfig | None:
+    """The sweep's own config (Hydra's sweepers write multirun.yaml at its start)."""
+    path = sweep_dir / "multirun.yaml"
+    config = OmegaConf.load(path) if path.is_file() else None
+    return config if isinstance(config, DictConfig) else None
+
+
+def objective(sweep_dir: Path, rows: list[dict[str, str]]) -> tuple[str | None, str]:
+    """The column to rank jobs by, and max|min: the watched metric's best where jobs kept one
+    (what a search optimises), else its last value."""
+    config = sweep_config(sweep_dir)
+    watch = OmegaConf.select(config, "task.watch", default=None) if config else None
+    mode = OmegaConf.select(config, "task.mode", default="max") if config else "max"
+    if watch is None:
+        return None, str(mode)
+    column = f"{watch}_best" if any(f"{watch}_best" in r for r in rows) else str(watch)
+    return column, str(mode)
+
+
+def rank_rows(rows: list[dict[str, str]], column: str | None, mode: str) -> list[dict[str, str]]:
+    """Best first; jobs without a value (failed, running) after them, in job order."""
+    if column is None:
+        return rows
+
+    def key(row: dict[str, str]) -> tuple[bool, float]:
+        try:
+            value = float(row[column])
+        except (KeyError, ValueError):
+            return True, 0.0
+        if math.isnan(value):
+            return True, 0.0
+        return False, -value if mode == "max" else value
+
+    return sorted(rows, key=key)  # stable: ties and the rest stay in job order
+
+
 def write_sweep_summary(sweep_dir: Path) -> list[dict[str, str]]:
-    """(Re)write summary.csv from the job directories; rewritten after every job, so a sweep that
-    is killed or ends with a failed job still has one."""
+    """(Re)write summary.csv and summary.md from the job directories; rewritten after every job,
+    so a sweep that is killed or ends with a failed job still has them."""
     rows = collect_jobs(sweep_dir)
-    if rows:
-        columns = list(dict.fromkeys(k for row in rows for k in row))
-        with (sweep_dir / "summary.csv").open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
+    if not rows:
+        return rows
+    rows = rank_rows(rows, *objective(sweep_dir, rows))
+    columns = _columns(rows)
+    with _replacing(sweep_dir / CSV_FILE).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    _replacing(sweep_dir / MARKDOWN_FILE).write_text("\n".join(lines) + "\n")
+    for name in (CSV_FILE, MARKDOWN_FILE):
+        (sweep_dir / f"{name}.partial").replace(sweep_dir / name)
     return rows
 
 
-def print_sweep_summary(sweep_dir: Path, optimized_metric: str | None = None) -> None:
+def _replacing(path: Path) -> Path:
+    """Where to write `path`'s new content first: a reader (this CLI while the sweep writes)
+    sees the old file or the new one, never half of one."""
+    return path.with_name(f"{path.name}.partial")
+
+
+def _cell(value: str) -> str:
+    return value.replace("|", "\\|").replace("\n", " ")
+
+
+def _columns(rows: list[dict[str, str]]) -> list[str]:
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    # the run directory last, after the metrics
+    return [c for c in columns if c != "dir"] + ["dir"]
+
+
+def print_sweep_summary(sweep_dir: Path) -> None:
+    """Write the summary files (and search.png for a search), then print the table: the
+    overrides that differ between jobs, how each ended, validation and test metrics."""
     rows = write_sweep_summary(sweep_dir)
     if not rows:
         return
-    columns = list(dict.fromkeys(k for row in rows for k in row))
+    column, mode = objective(sweep_dir, rows)
+    from volt.sweeps.plots import plot_search  # matplotlib only here
+
+    plot = plot_search(sweep_dir)
+    varying = {k for k in _columns(rows) if len({r.get(k) for r in rows}) > 1 or len(rows) == 1}
     shown = [
-        c for c in columns if c not in ("dir", "error") and not c.startswith(("train/", "val/loss"))
+        c
+        for c in _columns(rows)
+        if c not in ("dir", "error")
+        and (c in ("job", "status") or c.startswith(("val/", "test/")) or c in varying)
+        and not c.startswith("val/loss")
     ]
-    table = Table(title=f"Sweep summary ({len(rows)} jobs) -> {sweep_dir / 'summary.csv'}")
-    for column in shown:
-        table.add_column(column, style="bold" if column == optimized_metric else None)
+    title = f"Sweep summary ({len(rows)} jobs, best {mode} {column} first) -> {sweep_dir}"
+    table = Table(title=title)
+    for name in shown:
+        table.add_column(name, style="bold" if name == column else None)
     for row in rows:
         table.add_row(*(row.get(c, "") for c in shown))
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    files = [sweep_dir / CSV_FILE, sweep_dir / MARKDOWN_FILE, *([plot] if plot else [])]
+    console.print("Written: " + ", ".join(str(f) for f in files))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not Path(args[0]).is_dir():
+        print(
+            f"usage: python -m volt.sweeps.summary <sweep directory> (got {args})", file=sys.stderr
+        )
+        return 2
+    sweep_dir = Path(args[0])
+    if not collect_jobs(sweep_dir):
+        print(f"{sweep_dir}: no sweep jobs here (no */.hydra/overrides.yaml)", file=sys.stderr)
+        return 2
+    print_sweep_summary(sweep_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""`hydra/sweeper=volt_optuna`: volt's Optuna search (the work is in `volt.sweeps.search`)."""

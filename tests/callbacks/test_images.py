@@ -1,0 +1,142 @@
+"""ClassificationImages: a classifier's confusion matrix and sample predictions in a real
+TensorBoard event file, counted on the device without a host sync per validation batch."""
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import Tensor
+
+import volt.callbacks.images as images_module
+from tests.sync_counter import SyncCounter, per_step, read_counts
+from tests.tiny_regression import TinyRegression
+from volt.callbacks.images import ClassificationImages
+from volt.data.digits import DigitsDataModule
+from volt.models.classifier import Classifier
+from volt.nets.mlp import MLP
+
+TRAIN_BATCHES, VAL_BATCHES, BATCH = 4, 3, 32
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def classifier() -> tuple[Classifier, DigitsDataModule]:
+    pl.seed_everything(0, verbose=False)
+    data = DigitsDataModule(batch_size=BATCH, on_device=False)
+    net = MLP(in_shape=(1, 8, 8), num_classes=10, hidden_sizes=[32])
+    return Classifier(net, 10, optimizer=partial(torch.optim.AdamW, lr=3e-3)), data
+
+
+def trainer(root: Path, callbacks: list[pl.Callback], epochs: int, val_batches: int) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        max_epochs=epochs,
+        limit_train_batches=TRAIN_BATCHES,
+        limit_val_batches=val_batches,
+        log_every_n_steps=1,
+        callbacks=callbacks,
+        logger=TensorBoardLogger(root, name="", version=""),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+
+
+def test_confusion_matrix_and_predictions_of_every_nth_validation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn: list[np.ndarray] = []
+    draw = images_module.draw_confusion_matrix
+
+    def recorded(matrix: np.ndarray) -> np.ndarray:
+        drawn.append(matrix)
+        return draw(matrix)
+
+    monkeypatch.setattr(images_module, "draw_confusion_matrix", recorded)
+    model, data = classifier()
+    callback = ClassificationImages(num_samples=6, every_n_validations=2)
+    trainer(tmp_path, [callback], epochs=3, val_batches=VAL_BATCHES).fit(model, datamodule=data)
+
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    events.Reload()
+    val_steps = [e.step for e in events.Scalars("val/acc")]
+    # Validations 1 and 3 of 3 (not the sanity check), at their scalars' steps.
+    for tag in ("val/confusion_matrix", "val/predictions"):
+        assert [e.step for e in events.Images(tag)] == val_steps[::2], tag
+    assert len(drawn) == 2
+
+    # The last one was drawn with the final weights: count its predictions again here.
+    model.eval()
+    expected = np.zeros((10, 10), dtype=np.int64)
+    with torch.no_grad():
+        for i, (x, y) in enumerate(data.val_dataloader()):
+            if i == VAL_BATCHES:
+                break
+            for true, predicted in zip(y, model(x).argmax(1), strict=True):
+                expected[true, predicted] += 1
+    assert expected.sum() == VAL_BATCHES * BATCH
+    np.testing.assert_array_equal(drawn[-1], expected)
+    accuracy = np.trace(expected) / expected.sum()
+    assert events.Scalars("val/acc")[-1].value == pytest.approx(accuracy)
+
+
+def test_pictures_are_images_of_the_expected_size() -> None:
+    matrix = np.arange(100).reshape(10, 10)
+    picture = images_module.draw_confusion_matrix(matrix)
+    assert picture.dtype == np.uint8 and picture.shape[2] == 3
+    assert picture.std() > 10  # something was drawn
+    grid = images_module.draw_predictions(
+        torch.rand(5, 3, 16, 16), torch.tensor([1, 2, 3, 4, 5]), torch.tensor([1, 0, 3, 0, 5])
+    )
+    assert grid.dtype == np.uint8 and grid.shape[2] == 3
+
+
+def counted_syncs(root: Path, val_batches: int) -> list[dict[str, int]]:
+    """What images.py read on the host in each of the 4 steps of one epoch; the validation at
+    its end falls in the last step's count."""
+    model, data = classifier()
+    counter = SyncCounter(str(root / "syncs.json"), start_step=0, steps=TRAIN_BATCHES)
+    callbacks = [ClassificationImages(num_samples=4), counter]
+    trainer(root, callbacks, epochs=1, val_batches=val_batches).fit(model, datamodule=data)
+    record = read_counts(root / "syncs.json", rank=0)
+    return per_step(record, "syncs", "volt/callbacks/images.py")
+
+
+def test_the_host_reads_the_counts_once_per_validation_not_per_batch(tmp_path: Path) -> None:
+    one = counted_syncs(tmp_path / "one", val_batches=1)
+    three = counted_syncs(tmp_path / "three", val_batches=3)
+    assert one[:-1] == [{}] * (TRAIN_BATCHES - 1)  # training steps: nothing
+    assert one[-1]  # the drawing at the validation's end
+    assert three == one
+
+
+class NoLogits(TinyRegression):
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self.log("val/loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+
+def test_a_module_that_returns_no_logits_is_told_how_to_fix_it(tmp_path: Path) -> None:
+    data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    run = trainer(tmp_path, [ClassificationImages()], epochs=1, val_batches=1)
+    with pytest.raises(TypeError, match=r"NoLogits\.validation_step returned NoneType, not the"):
+        run.fit(NoLogits(), loader, loader)
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="num_samples=0 must be at least 1"):
+        ClassificationImages(num_samples=0)
+    with pytest.raises(ValueError, match="every_n_validations=0 must be at least 1"):
+        ClassificationImages(every_n_validations=0)

@@ -1,0 +1,112 @@
+"""The sweep summary read from job directories as a sweep leaves them, while it runs and after."""
+
+import csv
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.distributions import CategoricalDistribution, FloatDistribution, distribution_to_json
+
+from volt.runs import lock_run_dir
+from volt.sweeps.plots import PLOT_FILE, plot_search
+from volt.sweeps.pruning import open_journal
+from volt.sweeps.summary import CSV_FILE, MARKDOWN_FILE, main, write_sweep_summary
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def make_job(sweep: Path, number: int, lr: str, record: dict | None) -> Path:
+    job = sweep / f"{number}_model.optimizer.lr={lr}"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(f"- model.optimizer.lr={lr}\n- name=s\n")
+    if record is not None:
+        (job / "metrics.json").write_text(json.dumps(record))
+    return job
+
+
+def done(status: str, best: float) -> dict:
+    return {"status": status, "metrics": {"val/acc": best - 0.01, "val/acc_best": best}}
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """Six jobs, one in each state; job 4's lock held by this process, as a running job's is."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text("task:\n  watch: val/acc\n  mode: max\n")
+    make_job(sweep, 0, "0.001", done("completed", 0.5))
+    make_job(sweep, 1, "0.01", done("completed", 0.9))
+    make_job(sweep, 2, "1e-06", done("pruned", 0.1))
+    make_job(sweep, 3, "10", {"status": "failed", "error": "ValueError: lr | too big"})
+    make_job(sweep, 4, "0.02", None)
+    make_job(sweep, 5, "0.03", None)
+    return sweep
+
+
+def test_jobs_are_ranked_by_the_objective_with_how_each_ended(sweep: Path) -> None:
+    running = lock_run_dir(next(sweep.glob("4_*")))
+    rows = write_sweep_summary(sweep)
+    assert running is not None
+    running.release()
+    with (sweep / CSV_FILE).open() as f:
+        table = list(csv.DictReader(f))
+    assert [r["job"] for r in table] == [r["job"] for r in rows]
+    assert [(r["job"], r["status"]) for r in table] == [
+        ("1", "completed"),
+        ("0", "completed"),
+        ("2", "pruned"),
+        ("3", "failed"),
+        ("4", "running"),
+        ("5", "interrupted"),
+    ]
+    assert table[0]["model.optimizer.lr"] == "0.01" and table[0]["val/acc_best"] == "0.9"
+    assert table[3]["error"] == "ValueError: lr | too big"
+    assert table[0]["dir"] == str(next(sweep.glob("1_*")))
+    lines = (sweep / MARKDOWN_FILE).read_text().splitlines()
+    assert lines[0].startswith("| job | status | model.optimizer.lr | name |")
+    assert lines[0].endswith("| dir |") and lines[1].startswith("|---|")
+    assert lines[2].startswith("| 1 | completed | 0.01 | s |")
+    assert "lr \\| too big" in lines[5]  # a | inside a cell does not split the row
+    assert not list(sweep.glob("*.partial"))
+
+
+def test_a_lower_is_better_metric_ranks_the_other_way(sweep: Path) -> None:
+    (sweep / "multirun.yaml").write_text("task:\n  watch: val/acc\n  mode: min\n")
+    rows = write_sweep_summary(sweep)
+    assert [r["job"] for r in rows] == ["2", "0", "1", "3", "4", "5"]
+
+
+def test_the_summary_on_demand(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "pruned" in out
+    assert (sweep / CSV_FILE).is_file() and (sweep / MARKDOWN_FILE).is_file()
+    assert not (sweep / PLOT_FILE).exists()  # a grid sweep: no study to plot
+    assert main([str(sweep / "missing")]) == 2
+    assert main([str(sweep / "0_model.optimizer.lr=0.001")]) == 2
+
+
+def test_a_search_plots_its_objective_against_each_parameter(tmp_path: Path) -> None:
+    space = {
+        "model.optimizer.lr": FloatDistribution(1e-5, 1e-1, log=True),
+        "data.batch_size": CategoricalDistribution([32, 64]),
+    }
+    study = optuna.create_study(
+        storage=open_journal(tmp_path), study_name="s", direction="maximize"
+    )
+    study.set_user_attr("search_space", {k: distribution_to_json(d) for k, d in space.items()})
+    for value in (0.2, 0.5, 0.9):
+        trial = study.ask(space)
+        study.tell(trial, value)
+    trial = study.ask(space)
+    trial.report(0.1, 0)
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    study.ask(space)  # still running: not drawn
+    path = plot_search(tmp_path)
+    assert path == tmp_path / PLOT_FILE
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert width > height  # one panel per parameter, side by side
