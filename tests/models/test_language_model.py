@@ -60,6 +60,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=STEPS,
+        log_every_n_steps=10,  # train/loss is logged on the steps Lightning writes logs at
         logger=False,
         callbacks=[ModelCheckpoint(root / "checkpoints", save_last=True)],
         enable_progress_bar=False,
