@@ -23,8 +23,8 @@ from hydra.core.plugins import Plugins
 from hydra.core.utils import JobReturn, JobRuntime, JobStatus
 from hydra.types import HydraContext, RunMode
 
-from hydra_plugins.volt_parallel.jobs import JobProcessError
 from hydra_plugins.volt_parallel import slots
+from hydra_plugins.volt_parallel.jobs import JobProcessError
 from hydra_plugins.volt_parallel.slots import SlotPlanner, gpus_wanted, share_cores
 from volt.config import PROJECT_ROOT
 
@@ -60,7 +60,8 @@ def test_ddp_jobs_get_groups_of_gpus_and_later_jobs_wait_their_turn() -> None:
 
 def test_a_job_wanting_more_gpus_than_are_free_holds_back_the_jobs_behind_it() -> None:
     planner = SlotPlanner([1, 2, 1], ["0", "1"], jobs_per_gpu=1, max_running=8)
-    assert planner.starts() == [slots.Start(0, ("0",))]  # job 1 waits for both; job 2 does not jump it
+    # job 1 waits for both GPUs; job 2 does not jump the queue
+    assert planner.starts() == [slots.Start(0, ("0",))]
     planner.end(0)
     assert planner.starts() == [slots.Start(1, ("0", "1"))]
 
