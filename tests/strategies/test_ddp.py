@@ -119,6 +119,7 @@ def test_multirun_jobs_each_train_their_own_config_on_both_ranks(
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # two DDP trials of a real search: about 2 minutes on 2 cores
 def test_optuna_trials_sample_once_for_all_ranks_and_prune_together(
     run_volt: Run, tmp_path: Path
 ) -> None:
