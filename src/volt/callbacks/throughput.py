@@ -9,36 +9,19 @@ from lightning.pytorch.trainer.states import TrainerFn
 log = logging.getLogger("volt")
 
 
-class EpochThroughput(Callback):
-    """Training samples per second over each epoch (all processes together), logged as
-    `perf/train_samples_per_s` and printed. Validation inside the epoch is not counted; the GPU
-    is synchronised only where the clock starts and stops (epoch and validation boundaries).
-
-    Why not Lightning's `ThroughputMonitor` (Lightning 2.4-2.6.6): it calls
-    `torch.cuda.synchronize()` after every training batch so that its per-step clock is right,
-    which stops the CPU from queueing the next step while the GPU works (the host sync volt's
-    step path is kept free of), and it needs a `batch_size_fn` per task. Delete this class in
-    favour of it if it gains an epoch-level mode without per-step synchronisation.
-    """
+class TrainingClock(Callback):
+    """Training time, without validation (nor the sampling and checkpointing inside it): the GPU
+    is synchronised only where the clock starts and stops, so the steps between run unsynced.
+    `seconds` sums the time the clock has run since a subclass last reset it."""
 
     def __init__(self) -> None:
         self.start = 0.0
-        self.seconds = 0.0  # training time of this epoch before the clock last started
-        self.samples = 0
+        self.seconds = 0.0
         self.running = False
 
     def _sync(self, trainer: pl.Trainer) -> None:
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize(trainer.strategy.root_device)
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # A run resumed mid-epoch gets no on_train_epoch_start for that epoch.
-        self.on_train_epoch_start(trainer, pl_module)
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.samples = 0
-        self.seconds = 0.0
-        self._start_clock(trainer)
 
     def _start_clock(self, trainer: pl.Trainer) -> None:
         self._sync(trainer)
@@ -58,6 +41,32 @@ class EpochThroughput(Callback):
         # Validation during fit (not the sanity check before it): training goes on after it.
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self._start_clock(trainer)
+
+
+class EpochThroughput(TrainingClock):
+    """Training samples per second over each epoch (all processes together), logged as
+    `perf/train_samples_per_s` and printed. Validation inside the epoch is not counted; the GPU
+    is synchronised only where the clock starts and stops (epoch and validation boundaries).
+
+    Why not Lightning's `ThroughputMonitor` (Lightning 2.4-2.6.6): it calls
+    `torch.cuda.synchronize()` after every training batch so that its per-step clock is right,
+    which stops the CPU from queueing the next step while the GPU works (the host sync volt's
+    step path is kept free of), and it needs a `batch_size_fn` per task. Delete this class in
+    favour of it if it gains an epoch-level mode without per-step synchronisation.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.samples = 0
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # A run resumed mid-epoch gets no on_train_epoch_start for that epoch.
+        self.on_train_epoch_start(trainer, pl_module)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.samples = 0
+        self.seconds = 0.0
+        self._start_clock(trainer)
 
     def on_train_batch_end(
         self,

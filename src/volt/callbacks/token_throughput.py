@@ -2,12 +2,11 @@
 per step."""
 
 import logging
-import time
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.trainer.states import TrainerFn
+
+from volt.callbacks.throughput import TrainingClock
 
 log = logging.getLogger("volt")
 
@@ -43,7 +42,7 @@ def peak_tflops(device: torch.device, dtype: str) -> float | None:
     return next((peaks[dtype] for key, peaks in PEAK_TFLOPS.items() if key in name), None)
 
 
-class TokenThroughput(Callback):
+class TokenThroughput(TrainingClock):
     """Logs `perf/train_tokens_per_s` (all processes together) and, where the device's peak is
     known, `perf/mfu`: the module's `flops_per_token()` times tokens per second over the peak for
     the run's precision (PEAK_TFLOPS) of all its devices together.
@@ -57,10 +56,8 @@ class TokenThroughput(Callback):
     """
 
     def __init__(self) -> None:
+        super().__init__()
         self.tokens = 0  # counted since the clock last started
-        self.seconds = 0.0  # training time of the current window before the clock last stopped
-        self.start = 0.0
-        self.running = False
         self.last_step = -1  # the optimizer step last measured at (accumulating batches share it)
         self.flops_per_token: int | None = None
         self.peak: float | None = None
@@ -75,21 +72,6 @@ class TokenThroughput(Callback):
             log.info("no MFU logged: the peak FLOP/s of %s is not in PEAK_TFLOPS", name)
         self.tokens, self.seconds = 0, 0.0
         self._start_clock(trainer)
-
-    def _sync(self, trainer: pl.Trainer) -> None:
-        if trainer.strategy.root_device.type == "cuda":
-            torch.cuda.synchronize(trainer.strategy.root_device)
-
-    def _start_clock(self, trainer: pl.Trainer) -> None:
-        self._sync(trainer)
-        self.start = time.perf_counter()
-        self.running = True
-
-    def _stop_clock(self, trainer: pl.Trainer) -> None:
-        if self.running:
-            self._sync(trainer)
-            self.seconds += time.perf_counter() - self.start
-            self.running = False
 
     def on_train_batch_end(
         self,
@@ -114,11 +96,3 @@ class TokenThroughput(Callback):
             pl_module.log("perf/mfu", mfu, rank_zero_only=True)
         self.tokens, self.seconds = 0, 0.0
         self._start_clock(trainer)
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._stop_clock(trainer)
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Validation during fit (not the sanity check before it): training goes on after it.
-        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
-            self._start_clock(trainer)
