@@ -14,7 +14,7 @@ from volt.config import PROJECT_ROOT
 from volt.config.validation import check_config
 from volt.errors import ConfigError
 
-PIP = "pip install 'volt[loggers]'"
+PIP = "pip install -e '.[loggers]'"
 
 
 @pytest.mark.parametrize(

@@ -174,4 +174,4 @@ LOGGER_PACKAGES = {
     "WandbLogger": "wandb",
     "WandbRunLogger": "wandb",
 }
-LOGGERS_EXTRA = "pip install 'volt[loggers]'"
+LOGGERS_EXTRA = "pip install -e '.[loggers]'"  # in the clone: volt is not on PyPI
