@@ -1,7 +1,8 @@
 """Training throughput on one GPU and under DDP: volt's trainers against a plain PyTorch loop.
 
     python benchmarks/fake_cifar10.py /tmp/data      # CIFAR-10's files, random pixels
-    python benchmarks/ddp_scaling.py --root /tmp/data --sides plain volt --gpus 1 2
+    python benchmarks/ddp_scaling.py --root /tmp/data --batch-per-gpu 256 --readme
+    python benchmarks/ddp_scaling.py --root /tmp/data --runs plain:off volt:default --gpus 2
 
 The workload is volt's CIFAR-sized one (`experiment=cifar10_resnet`: ResNet 64-128-256, global
 batch 256, bf16-mixed, SGD). Both sides read the same data set through the same per-sample
@@ -10,7 +11,8 @@ batches (volt's data path: `data.on_device`, whole-batch augmentation), one proc
 - plain: a hand-written DDP loop (volt's batches for its rank, `DistributedDataParallel`, autocast),
          started with torch.multiprocessing; BatchNorm synchronised with torch's
          `nn.SyncBatchNorm` (--sync-bn torch), volt's (volt, as `trainer=ddp` does) or not (none).
-- volt:  `python train.py experiment=cifar10_resnet trainer=gpu|ddp ...` as a user runs it.
+- volt:  `python train.py experiment=cifar10_resnet trainer=gpu|ddp ...` as a user runs it;
+         volt_syncbn with `trainer.sync_batchnorm=true`, dp with `trainer=dp`.
 - synthetic: the plain loop on random batches already on the GPU: what the GPUs can do when
          data loading costs nothing.
 
@@ -18,6 +20,8 @@ The global batch is the experiment's 256 on any number of GPUs (strong scaling: 
 gets 128), or --batch-per-gpu B on each GPU (weak scaling: the global batch grows with the GPUs).
 Each side reports training samples/s (all GPUs together) for each epoch; validation is not
 counted. Scaling is samples/s on N GPUs over samples/s on one, per side, from the last epoch.
+Each side runs eager or compiled (`--runs side:mode`: `compile=mode` for volt, the net compiled in
+place for the plain loops); the table also gives N GPUs as a share of the synthetic side's.
 """
 
 import argparse
@@ -82,6 +86,8 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     elif args.sync_bn == "volt" and world > 1:
         net = SyncBatchNormLayers().apply(net)  # as trainer=ddp does
+    if args.compile != "off":
+        net.compile(mode=args.compile)  # in place, under DDP's wrapper: as volt's compile= does
     if world > 1:
         net = DistributedDataParallel(net, device_ids=[rank])
     optimizer = model.optimizer_factory(net.parameters())
@@ -132,10 +138,10 @@ def run_plain(args: argparse.Namespace, gpus: int) -> list[float]:
     return json.loads(Path(results).read_text())
 
 
-def run_volt(args: argparse.Namespace, gpus: int) -> list[float]:
-    trainer = "trainer=gpu" if gpus == 1 else f"trainer=ddp trainer.devices={gpus}"
-    if gpus > 1 and args.sync_bn == "none":
-        trainer += " trainer.sync_batchnorm=false"  # "torch" is not on offer in volt
+def run_volt(args: argparse.Namespace, gpus: int, strategy: str = "ddp") -> list[float]:
+    trainer = "trainer=gpu" if gpus == 1 else f"trainer={strategy} trainer.devices={gpus}"
+    if gpus > 1 and strategy == "ddp":  # "torch" is not on offer in volt
+        trainer += f" trainer.sync_batchnorm={str(args.sync_bn == 'volt').lower()}"
     command = [
         sys.executable,
         str(REPO / "train.py"),
@@ -146,6 +152,7 @@ def run_volt(args: argparse.Namespace, gpus: int) -> list[float]:
         f"data.num_workers={args.workers}",
         *batch_override(args, gpus),
         f"trainer.max_epochs={args.epochs}",
+        f"compile={args.compile}",
         "test=false",
         "callbacks.progress_bar=null",
         f"paths.outputs_dir={args.outputs}",
@@ -158,46 +165,136 @@ def run_volt(args: argparse.Namespace, gpus: int) -> list[float]:
     return [float(rate) for _, rate in found]
 
 
+# The README's table (`--readme`): each side in each compile mode, eager and compiled, on 1 and N
+# GPUs; volt's trainer=ddp with SyncBatchNorm, CUDA graphs under DDP and trainer=dp on N only.
+PLAN = [
+    "synthetic:off",
+    "plain:off",
+    "volt:off",
+    "synthetic:default",
+    "volt:default",
+    "volt_syncbn:off",
+    "volt:reduce-overhead",
+    "dp:off",
+]
+ON_N_ONLY = {"volt_syncbn", "dp", "volt:reduce-overhead"}  # nothing new to see on one GPU
+SIDE_NAMES = {
+    "synthetic": "synthetic (the limit)",
+    "plain": "plain DDP loop",
+    "volt": "volt `trainer=ddp`",
+    "volt_syncbn": "volt `trainer=ddp trainer.sync_batchnorm=true`",
+    "dp": "volt `trainer=dp`",
+}
+README = REPO / "README.md"
+MARKERS = ("<!-- perf-ddp:begin -->", "<!-- perf-ddp:end -->")
+
+
+def measure(args: argparse.Namespace, side: str, compile_mode: str, gpus: int) -> list[float]:
+    args.compile = compile_mode
+    args.synthetic = side == "synthetic"
+    if side in ("synthetic", "plain"):
+        return run_plain(args, gpus)
+    if side == "volt_syncbn":
+        return run_volt(argparse.Namespace(**{**vars(args), "sync_bn": "volt"}), gpus)
+    return run_volt(args, gpus, "dp" if side == "dp" else "ddp")
+
+
+def markdown(rows: list[dict], gpus: int, header: str) -> str:
+    """One line per side and compile mode: samples/s on 1 and N GPUs (last epoch), scaling, and
+    N GPUs as a share of the synthetic side's N GPUs in the same compile mode."""
+    last = {(r["side"], r["compile"], r["gpus"]): r["samples_per_s"][-1] for r in rows}
+    lines = [
+        header,
+        "",
+        f"| side | compile | 1 GPU | {gpus} GPUs | scaling | of synthetic on {gpus} |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for side, compile_mode in dict.fromkeys((r["side"], r["compile"]) for r in rows):
+        one, many = last.get((side, compile_mode, 1)), last.get((side, compile_mode, gpus))
+        limit = last.get(("synthetic", compile_mode, gpus))
+        cells = [
+            f"{one:,.0f}" if one else "",
+            f"{many:,.0f}" if many else "",
+            f"{many / one:.2f}x" if one and many else "",
+            f"{many / limit:.0%}" if limit and many else "",
+        ]
+        lines.append(f"| {SIDE_NAMES[side]} | {compile_mode} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def replace_table(table: str) -> None:
+    text = README.read_text()
+    begin, end = MARKERS
+    if begin not in text or end not in text:
+        raise SystemExit(
+            f"README.md lacks the markers {begin} ... {end}: add them where the table goes"
+        )
+    head, rest = text.split(begin, 1)
+    README.write_text(f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--root", required=True, help="folder holding cifar-10-batches-py")
-    parser.add_argument("--sides", nargs="+", default=["plain", "volt"])
-    parser.add_argument("--gpus", nargs="+", type=int, default=[1, torch.cuda.device_count()])
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        default=PLAN,
+        help="side:compile pairs; sides synthetic, plain, volt, volt_syncbn, dp; compile off,"
+        " default, reduce-overhead, max-autotune (default: the README's plan)",
+    )
+    parser.add_argument("--gpus", type=int, default=torch.cuda.device_count(), help="N")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--sync-bn", choices=["torch", "volt", "none"], default="volt")
+    parser.add_argument(
+        "--sync-bn",
+        choices=["torch", "volt", "none"],
+        default="none",
+        help="BatchNorm in the plain/synthetic loops and volt's ddp (volt_syncbn: always on)",
+    )
     parser.add_argument("--batch-per-gpu", type=int, help="weak scaling; default: global 256")
     parser.add_argument("--outputs", default="/tmp/outputs")
-    parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--json", help="also write the results here, after each run")
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's table")
     parser.add_argument(
         "--volt-overrides", nargs="*", default=[], help="more overrides for the volt side"
     )
     args = parser.parse_args()
-    rows = []
-    for side in args.sides:
-        for gpus in args.gpus:
-            args.synthetic = side == "synthetic"
-            rates = run_volt(args, gpus) if side == "volt" else run_plain(args, gpus)
-            rows.append({"side": side, "gpus": gpus, "samples_per_s": rates})
+    started = time.strftime("%Y-%m-%d")
+    rows: list[dict] = []
+    for run in args.runs:
+        side, compile_mode = run.split(":")
+        for gpus in (1, args.gpus):
+            if gpus == 1 and (side in ON_N_ONLY or run in ON_N_ONLY):
+                continue
+            try:
+                rates = measure(args, side, compile_mode, gpus)
+            except RuntimeError as error:  # one failed run leaves the others' results
+                print(f"{run} on {gpus} GPU(s) failed: {str(error)[-1500:]}", flush=True)
+                continue
+            rows.append(
+                {"side": side, "compile": compile_mode, "gpus": gpus, "samples_per_s": rates}
+            )
             print(json.dumps(rows[-1]), flush=True)
+            if args.json:
+                Path(args.json).write_text(
+                    json.dumps({"device": torch.cuda.get_device_name(), "rows": rows})
+                )
     batch = f"{args.batch_per_gpu} per GPU" if args.batch_per_gpu else "256 global"
-    print(
-        f"\n{torch.cuda.get_device_name()} x {max(args.gpus)}  torch {torch.__version__}"
-        f"  batch {batch}  sync-bn {args.sync_bn}"
+    header = (
+        f"{torch.cuda.get_device_name()} x {args.gpus}, torch {torch.__version__}, {started}:"
+        f" `experiment=cifar10_resnet precision=bf16-mixed`, batch {batch}, BatchNorm"
+        f" {'synchronised' if args.sync_bn != 'none' else 'per GPU'} unless the row says so;"
+        f" training samples/s in the last of {args.epochs} epochs"
+        f" (`python benchmarks/ddp_scaling.py --root DATA"
+        f"{f' --batch-per-gpu {args.batch_per_gpu}' if args.batch_per_gpu else ''} --readme`)"
     )
-    print(f"{'side':10} {'gpus':>4} {'samples/s by epoch':>30} {'scaling':>8}")
-    last = {(r["side"], r["gpus"]): r["samples_per_s"][-1] for r in rows}
-    for r in rows:
-        one = last.get((r["side"], 1))
-        scaling = f"{last[(r['side'], r['gpus'])] / one:8.2f}" if one else f"{'':8}"
-        rates = " / ".join(f"{v:,.0f}" for v in r["samples_per_s"])
-        print(f"{r['side']:10} {r['gpus']:4d} {rates:>30} {scaling}")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"device": torch.cuda.get_device_name(), "rows": rows})
-        )
+    table = markdown(rows, args.gpus, header)
+    print("\n" + table, flush=True)
+    if args.readme:
+        replace_table(table)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,49 @@ from volt.config import CONF_DIR, PROJECT_ROOT
 # subprocess stops that first: the test fails with the run's output, every process of the run
 # goes, the session goes on. In-process tests end at this limit, pytest with them (thread method).
 GPU_TEST_TIMEOUT_S = 300
+
+
+# SIGTERM ends the session (exit status 143) once the test in flight ends, as a scheduler or
+# `timeout` expects. Without this pytest would go on: a fit installs Lightning's SIGTERM handler or
+# volt's GracefulShutdown, the signal stops only that fit (one failed test), and the next test
+# starts (seen on 2 x H200, issue #23). The signal is seen whoever handles it: Python writes the
+# number of every signal it handles to the wakeup fd, read after each test. Tests marked
+# `signals_itself` send SIGTERM to this process on purpose and keep the default handler.
+_SIGTERM_BYTE = bytes([signal.SIGTERM])
+_wakeup: tuple[int, int] | None = None  # the pipe's (read, write) ends
+
+
+def _stop_session(signum: int, frame: object) -> None:
+    pytest.exit(f"stopped by {signal.Signals(signum).name}", returncode=128 + signum)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _wakeup
+    config.addinivalue_line("markers", "signals_itself: the test sends SIGTERM to this process")
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # someone else's handler (xdist, an IDE): theirs to honour
+    _wakeup = os.pipe()
+    for end in _wakeup:
+        os.set_blocking(end, False)
+    signal.signal(signal.SIGTERM, _stop_session)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    if _wakeup is None:
+        yield
+        return
+    own = item.get_closest_marker("signals_itself") is not None
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if own else _stop_session)
+    signal.set_wakeup_fd(_wakeup[1])  # again: asyncio, for one, takes it and sets none back
+    yield
+    received = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(_wakeup[0], 512):
+            received += chunk
+    signal.signal(signal.SIGTERM, _stop_session)
+    if _SIGTERM_BYTE in received and not own:
+        pytest.exit(f"stopped by SIGTERM during {item.nodeid}", returncode=128 + signal.SIGTERM)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

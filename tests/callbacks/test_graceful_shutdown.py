@@ -21,6 +21,8 @@ from volt.callbacks.graceful_shutdown import GracefulShutdown
 from volt.config import PROJECT_ROOT
 from volt.errors import TrainingInterrupted
 
+pytestmark = pytest.mark.signals_itself  # SIGTERM to this process, in-process fits
+
 # Trains until told to stop (or max_steps), printing each step's number as it starts it.
 SCRIPT = """
 import sys, time

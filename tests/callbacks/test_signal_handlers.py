@@ -23,6 +23,8 @@ from volt.callbacks.graceful_shutdown import GracefulShutdown
 from volt.config import PROJECT_ROOT
 from volt.errors import TrainingInterrupted
 
+pytestmark = pytest.mark.signals_itself  # SIGTERM to this process, in-process fits
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -164,6 +164,7 @@ PRECISIONS = ["32-true", "bf16-mixed", "64-true", "bf16-true", "16-true"]
 # Expected: the data is built so that restarting the epoch changes nothing (`data`).
 @pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before the epoch")
 @pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.signals_itself
 def test_stopped_and_resumed_equals_unbroken(precision: str, tmp_path: Path) -> None:
     """GracefulShutdown saves at the end of step 6, before the average's own update at that
     hook; the resumed fit ends with the weights and average of a fit never stopped."""
