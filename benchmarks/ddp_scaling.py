@@ -266,7 +266,7 @@ def main() -> None:
     rows: list[dict] = []
     for run in args.runs:
         side, compile_mode = run.split(":")
-        for gpus in (1, args.gpus):
+        for gpus in dict.fromkeys((1, args.gpus)):
             if gpus == 1 and (side in ON_N_ONLY or run in ON_N_ONLY):
                 continue
             try:
