@@ -80,7 +80,7 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
     )
     datamodule = build_datamodule(cfg.data)
     datamodule.setup()
-    model = build_model(cfg.model, datamodule)  # for its net and optimizer factory only
+    model = build_model(cfg.model, datamodule, cfg.task.from_data)  # its net and optimiser
     net: nn.Module = model.net.to(device)
     if args.sync_bn == "torch" and world > 1:
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
