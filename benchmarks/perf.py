@@ -350,7 +350,8 @@ def lightning_fit(
 def find_syncs(args: argparse.Namespace) -> None:
     """Where volt's training steps make the CPU wait for the GPU: waits per step, by caller."""
     device = torch.device("cuda")
-    for row in rows_to_run(args.tiny):
+    gpt = args.workload == "gpt"
+    for row in gpt_rows(args.tiny, args.gpt_batches) if gpt else rows_to_run(args.tiny):
         clock = Clock(device, row["warmup"], args.steps, 1)
         cfg = compose_config(row["overrides"], args.data_root, clock.total)
         with warnings.catch_warnings(record=True) as caught:
