@@ -202,15 +202,15 @@ def task_module(
     sys.modules.pop("parallel_task", None)
 
 
-Launch = Callable[[list[str], list[list[str]]], list[JobReturn]]
+Launch = Callable[..., list[JobReturn]]
 
 
 @pytest.fixture
 def launch(tmp_path: Path, task_module: ModuleType) -> Launch:
-    """launch(sweep overrides, each job's overrides): the launcher as Hydra's sweeper calls it,
-    in this process; the jobs' JobReturns."""
+    """launch(sweep overrides, each job's overrides, number of the first job): the launcher as
+    Hydra's sweeper calls it, in this process; the jobs' JobReturns."""
 
-    def _launch(overrides: list[str], jobs: list[list[str]]) -> list[JobReturn]:
+    def _launch(overrides: list[str], jobs: list[list[str]], first: int = 0) -> list[JobReturn]:
         loader = ConfigLoaderImpl(create_config_search_path(str(tmp_path / "conf")))
         config = loader.load_configuration(
             "config", [f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides], RunMode.MULTIRUN
@@ -221,7 +221,7 @@ def launch(tmp_path: Path, task_module: ModuleType) -> Launch:
         launcher = Plugins.instance().instantiate_launcher(
             hydra_context=context, task_function=task_module.task, config=config
         )
-        return list(launcher.launch(jobs, initial_job_idx=0))
+        return list(launcher.launch(jobs, initial_job_idx=first))
 
     return _launch
 
@@ -269,6 +269,16 @@ def test_each_job_sees_only_its_gpus_and_a_failed_job_frees_them(
         ended = json.loads((job_dir / "job_end").read_text())
         assert (ended["pid"], ended["status"]) == (record["pid"], returns[job].status.name)
     assert "asked to fail" in (tmp_path / "sweep" / "1" / "console.log").read_text()  # traceback
+
+
+def test_a_batch_numbered_from_past_0_returns_its_jobs_in_order(
+    launch: Launch, tmp_path: Path
+) -> None:
+    # volt_optuna with hydra.sweeper.n_jobs=2 launches trials 2 and 3 as the second batch
+    jobs = [["value=2"], ["value=3", "seconds=0.1"]]
+    returns = launch(["hydra.launcher.gpus=[]", "hydra.launcher.n_jobs=2"], jobs, first=2)
+    assert [r.return_value for r in returns] == [20, 30]
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["2", "3"]
 
 
 def test_jobs_share_a_gpu_when_asked(launch: Launch, tmp_path: Path) -> None:

@@ -161,7 +161,9 @@ def run_jobs(jobs: list[Job], planner: SlotPlanner, sweep: Sweep) -> list[JobRet
             _stop(running.values(), received[0] if received else signal.SIGTERM, received)
     if received:
         raise SystemExit(128 + received[0])
-    return [returns[job.index] for job in jobs]
+    # By place in `jobs`, as the planner counts them: job.index is the job's number in the sweep,
+    # past 0 for every batch but the first of a sweeper that launches in batches (volt_optuna).
+    return [returns[place] for place in range(len(jobs))]
 
 
 def _start(job: Job, start: Start, sweep: Sweep) -> JobProcess:
