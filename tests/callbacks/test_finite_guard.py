@@ -179,15 +179,22 @@ def test_a_bad_step_between_checks_is_named_and_no_checkpoint_holds_it(tmp_path:
     assert not torch.isfinite(model.second.weight).all()
 
 
-def test_the_host_reads_the_verdicts_only_at_checks(tmp_path: Path) -> None:
-    every, max_steps = 4, 16
+# The interval given, or (volt's default) the trainer's log_every_n_steps.
+@pytest.mark.parametrize(
+    ("check_every_n_steps", "log_every_n_steps"), [(4, 50), (None, 4)], ids=["given", "logging"]
+)
+def test_the_host_reads_the_verdicts_only_at_checks(
+    check_every_n_steps: int | None, log_every_n_steps: int, tmp_path: Path
+) -> None:
+    max_steps = 16
     counter = SyncCounter(str(tmp_path / "syncs.json"), start_step=0, steps=max_steps)
     model = TwoLayers(grad_at=11)  # an inf gradient at step 11, seen at the check of step 11
     run = trainer(
         tmp_path,
         max_steps=max_steps,
-        guard=FiniteGuard(check_every_n_steps=every),
+        guard=FiniteGuard(check_every_n_steps=check_every_n_steps),
         checkpoint_every_step=False,
+        log_every_n_steps=log_every_n_steps,
     )
     run.callbacks.append(counter)
     with pytest.raises(NonFiniteLossError, match=r"of parameter second\.weight at global step 11;"):
@@ -223,7 +230,7 @@ def test_steps_with_fewer_gradients_are_judged_with_the_others(tmp_path: Path) -
 
 
 def test_check_every_n_steps_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"check_every_n_steps=0\): must be 1 or more"):
+    with pytest.raises(ValueError, match=r"check_every_n_steps=0: must be 1 or more"):
         FiniteGuard(check_every_n_steps=0)
 
 

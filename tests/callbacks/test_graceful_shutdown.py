@@ -294,7 +294,7 @@ def test_a_signal_to_another_ddp_rank_stops_every_rank_and_saves(
     assert process.returncode == 143, console
     saved_at = torch.load(last, weights_only=True)["global_step"]
     assert saved_at > before
-    assert saved_at % 10 == 0  # a step at which the ranks agree (agree_every_n_steps=10)
+    assert saved_at % 10 == 0  # a step at which the ranks agree (trainer.log_every_n_steps=10)
     assert f"Stopped on SIGTERM at global step {saved_at}" in console
 
 
@@ -312,7 +312,7 @@ class RecordLightningSigtermCheck(Callback):
 
 
 def test_agree_every_n_steps_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"agree_every_n_steps=0\): must be 1 or more"):
+    with pytest.raises(ValueError, match=r"agree_every_n_steps=0: must be 1 or more"):
         GracefulShutdown("unused", agree_every_n_steps=0)
 
 

@@ -12,6 +12,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn import functional as F
 from torch.optim import Optimizer
 
+from volt.callbacks.intervals import FALLBACK_EVERY_N_STEPS, check_interval, steps_between_waits
 from volt.collectives import all_reduce_queued
 from volt.errors import VerdictOfAllRanksError
 
@@ -65,25 +66,24 @@ class FiniteGuard(Callback):
 
     Args:
         check_every_n_steps: judge the steps kept every this many optimizer steps, at the steps
-            where `(global_step + 1) % N == 0`: with N = `trainer.log_every_n_steps` (volt's 10
-            for both) the very steps at which Lightning waits for the device to write the logs.
-            Training stops at most N - 1 steps after a bad one; N=1 stops every bad step before
-            it changes the weights, at one wait for the device per step.
+            where `(global_step + 1) % N == 0`. None (volt's default): the trainer's
+            `log_every_n_steps`, the very steps at which Lightning waits for the device to write
+            the logs. Training stops at most N - 1 steps after a bad one; N=1 stops every bad
+            step before it changes the weights, at one wait for the device per step.
     """
 
-    def __init__(self, check_every_n_steps: int = 10) -> None:
-        if check_every_n_steps < 1:
-            raise ValueError(
-                f"FiniteGuard(check_every_n_steps={check_every_n_steps!r}): must be 1 or more,"
-                " e.g. callbacks.finite_guard.check_every_n_steps=10"
-            )
-        self.check_every_n_steps = check_every_n_steps
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        self.every_n_steps = check_interval(
+            "callbacks.finite_guard.check_every_n_steps", check_every_n_steps
+        )
+        self.check_every_n_steps = FALLBACK_EVERY_N_STEPS  # decided at fit start
         self._check_gradients = True
         self._loss: Tensor | None = None  # () the losses since the last optimizer step, summed
         self._steps: list[_Step] = []
         self._names: dict[int, str] = {}
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.check_every_n_steps = steps_between_waits(trainer, self.every_n_steps)
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._check_gradients = not isinstance(scaler, torch.amp.GradScaler)
         self._loss = None

@@ -25,6 +25,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from volt.callbacks.intervals import FALLBACK_EVERY_N_STEPS, check_interval, steps_between_waits
 from volt.collectives import all_reduce_queued
 from volt.errors import TrainingInterrupted
 
@@ -59,18 +60,17 @@ class GracefulShutdown(Callback):
     Args:
         checkpoint_dir: where `last.ckpt` is saved.
         agree_every_n_steps: under several processes, how often (in optimizer steps, at global
-            steps that are multiples of N) the ranks agree whether to stop. volt's 10 matches
-            its `trainer.log_every_n_steps`, at whose steps Lightning waits for the device anyway.
+            steps that are multiples of N) the ranks agree whether to stop. None (volt's
+            default): the trainer's `log_every_n_steps`, at whose steps Lightning waits for the
+            device anyway.
     """
 
-    def __init__(self, checkpoint_dir: str | Path, agree_every_n_steps: int = 10) -> None:
-        if agree_every_n_steps < 1:
-            raise ValueError(
-                f"GracefulShutdown(agree_every_n_steps={agree_every_n_steps!r}): must be 1 or"
-                " more, e.g. callbacks.graceful_shutdown.agree_every_n_steps=10"
-            )
+    def __init__(self, checkpoint_dir: str | Path, agree_every_n_steps: int | None = None) -> None:
+        self.every_n_steps = check_interval(
+            "callbacks.graceful_shutdown.agree_every_n_steps", agree_every_n_steps
+        )
         self.checkpoint_path = Path(checkpoint_dir) / "last.ckpt"
-        self.agree_every_n_steps = agree_every_n_steps
+        self.agree_every_n_steps = FALLBACK_EVERY_N_STEPS  # decided at fit start
         self._signum: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._steps_done = 0
@@ -80,6 +80,7 @@ class GracefulShutdown(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()  # again, for fits without a sanity check; installs once per fit
+        self.agree_every_n_steps = steps_between_waits(trainer, self.every_n_steps)
         self._steps_done = trainer.global_step
         if not self._previous_handlers:
             return  # not installed: Lightning's handler and its check stay in charge
