@@ -80,12 +80,14 @@ def gpt_rows(tiny: bool, batches: list[int]) -> list[dict[str, Any]]:
     if tiny:
         overrides = ["experiment=gpt_bytes_tiny", "data.batch_size=8", "data.block_size=64"]
         overrides.append("model.scheduler.warmup_steps=0")  # the run is a few steps long
-        return [{"workload": "gpt_bytes_tiny", "variant": "32-true", "overrides": overrides}]
+        tiny_row = {"workload": "gpt_bytes_tiny", "variant": "32-true", "overrides": overrides}
+        return [tiny_row | {"warmup": 2}]
     return [
         {
             "workload": "gpt_bytes",
             "variant": "bf16-mixed + compile",
             "overrides": ["experiment=gpt_bytes", f"data.batch_size={batch}"],
+            "warmup": 30,
         }
         for batch in batches
     ]
@@ -603,7 +605,6 @@ def main() -> None:
     rows = []
     gpt = args.workload == "gpt"
     for row in gpt_rows(args.tiny, args.gpt_batches) if gpt else rows_to_run(args.tiny):
-        row.setdefault("warmup", 2 if args.tiny else 30)
         row.setdefault("plain_workers", 0)
         if args.only and args.only != f"{row['workload']} {row['variant']}":
             continue
