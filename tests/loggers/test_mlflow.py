@@ -130,7 +130,7 @@ def test_a_named_run_and_its_continuation_are_one_mlflow_run(
     assert params["trainer.default_root_dir"] == "${oc.env:VOLT_TEST_SECRET}"
     # The whole resolved config, not only the hparams tab's groups.
     assert params["task.watch"] == "val/acc"
-    assert params["callbacks.early_stopping.patience"] == "5"
+    assert params["callbacks.early_stopping.patience"] == "10"
     tags = run.data.tags
     assert not [v for v in [*params.values(), *tags.values()] if SECRET in v]
     assert tags[RUN_DIR_TAG] == str(run_dir)
