@@ -1,0 +1,767 @@
+"""The GPT task on several GPUs of one host: volt's trainer=ddp and trainer=fsdp beside a plain
+DistributedDataParallel loop of the same model, and the largest GPT each of them trains.
+
+    python benchmarks/gpt_scaling.py --json a.json                    # throughput on all GPUs
+    python benchmarks/gpt_scaling.py --runs --largest --json b.json   # the largest GPT of each
+    python benchmarks/gpt_scaling.py --report a.json b.json --readme  # README.md's tables of both
+    python benchmarks/gpt_scaling.py --tiny --largest                 # all of it, toy sizes, CPU
+
+Throughput, with `--batch-per-gpu` windows of 1024 bytes on every GPU (weak scaling), each run in
+a fresh group of processes of its own, ended after `--timeout` seconds:
+
+- plain-1, plain-ddp: a hand-written loop of volt's GPT (benchmarks/gpt_plain.py's step: the corpus
+  on the device, random windows drawn there, bf16 autocast, torch.compile, fused AdamW over the
+  net's parameter groups, gradient clipping at gpt_bytes' 1.0) on one GPU, and under
+  DistributedDataParallel on all of them (a process per GPU, NCCL; gloo on the CPU).
+- volt-gpu, volt-ddp, volt-fsdp: `python train.py experiment=gpt_bytes trainer=gpu|ddp|fsdp` as a
+  user runs it (data.batch_size is global: batch-per-gpu x GPUs), less what is not training: no
+  validation, test or checkpoints, and the LR warm-up without the decay (the run is cut short).
+  Its numbers are the ones it logs, read back from its CSV log (logger=csv instead of TensorBoard:
+  both write only every trainer.log_every_n_steps steps): TokenThroughput's tokens/s and MFU, and
+  GPUMemoryMonitor's peak allocated memory of each GPU.
+
+Each run trains `--warmup` steps (compilation) and then `--steps` timed ones, the device
+synchronised only at the edges: the plain loop times them as one window; volt's TokenThroughput
+times windows of gcd(warmup, steps) steps (10 by default, volt's own log_every_n_steps), of which
+those after the warm-up count. MFU is per GPU, of its dense bf16 peak (volt's table, in
+volt.callbacks.token_throughput); scaling is tokens/s over the same side's on one GPU.
+
+--largest: trainer=ddp, then trainer=fsdp, on all GPUs, climbs a ladder of GPT shapes (n_layer x
+n_embd, heads of 128). Each rung is `train.py` for `--probe-steps` steps (8 windows of 1024 bytes
+per GPU, bf16-mixed, eager), each bounded by `--probe-timeout`, up to the first that fails. FSDP
+holds less on each GPU than DDP, so its climb starts at the first rung DDP could not train (at the
+top rung if DDP trained them all). A rung whose weights, gradients and AdamW state alone (16 bytes
+a parameter, over N GPUs under FSDP) exceed a GPU is counted out of memory without being run. The
+default ladder is guessed for H200s (140 GiB) to need three runs: DDP 40x3072, FSDP 48x4096 and
+64x4096 (DDP's 48x4096 fails by that arithmetic). Besides the activations, DDP holds about 18
+bytes a parameter on each GPU (fp32 weights, DDP's gradient buckets, AdamW's two moments, bf16
+copies of the weights), FSDP on 2 GPUs about 6 (its halves of the weights and moments); the
+activations, the same for both, take about 37 bytes a token per layer per unit of width (fitted
+to 2.5B parameters, batch 8 x 1024, at 55.9 GiB on one H100). Most of a probe's time goes to
+building the model on the CPU, as volt does: about 5-10 ns a parameter.
+
+Results are written to `--json` after each run, so a cut-off benchmark keeps what it measured; the
+tables are printed as markdown at the end, and with --readme written between README.md's markers.
+"""
+
+import argparse
+import contextlib
+import csv
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.distributed as dist
+from gpt_plain import draw_batch  # benchmarks/, the folder of this script, is first on sys.path
+from hydra import compose, initialize_config_dir
+from torch import nn
+from torch.nn import functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from volt.build import build_datamodule, build_model
+from volt.callbacks.token_throughput import matmul_dtype, peak_tflops
+from volt.config import CONF_DIR
+from volt.gpu import apply_compile, apply_matmul_precision
+from volt.nets.gpt import GPT
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+BEGIN, END = "<!-- perf-gpt-multi:begin -->", "<!-- perf-gpt-multi:end -->"
+LADDER = ("40x3072", "48x4096", "64x4096")  # 4.5B, 9.7B, 12.9B parameters; see the docstring
+TINY_LADDER = ("2x128",)
+RESULT = "gpt_scaling result: "  # the line a plain run hands its numbers over on
+RUNS = {
+    "plain-1": "plain PyTorch loop",
+    "plain-ddp": "plain PyTorch loop, DistributedDataParallel",
+    "volt-gpu": "volt, `trainer=gpu`",
+    "volt-ddp": "volt, `trainer=ddp`",
+    "volt-fsdp": "volt, `trainer=fsdp`",
+}
+# What a volt run here spends no time on (nor does the plain loop).
+NOT_TRAINING = [
+    "trainer.limit_val_batches=0",
+    "trainer.num_sanity_val_steps=0",
+    "test=false",
+    "callbacks.model_checkpoint=null",
+    "callbacks.last_checkpoint=null",
+    "callbacks.early_stopping=null",  # it watches a validation metric
+    "model.scheduler.max_steps=-1",  # warm-up, no decay: the run ends long before a decay would
+    "logger=csv",
+]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A GPT of n_layer blocks of width n_embd, in heads of 128."""
+
+    n_layer: int
+    n_embd: int
+
+    @property
+    def n_head(self) -> int:
+        return self.n_embd // 128
+
+    def __str__(self) -> str:
+        return f"{self.n_layer}x{self.n_embd}"
+
+    def params(self, block_size: int) -> int:
+        with torch.device("meta"):  # counted, never allocated
+            net = GPT(
+                block_size=block_size, n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd
+            )
+        return net.num_params(non_embedding=False)
+
+
+def parse_shape(text: str) -> Shape:
+    """`40x3072` -> Shape(40, 3072); argparse's type for --largest."""
+    layers, _, width = text.partition("x")
+    if not (layers.isdigit() and width.isdigit()) or int(layers) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not n_layer x n_embd: write e.g. 40x3072")
+    if int(width) < 128 or int(width) % 128:
+        fits = max(128, round(int(width) / 128) * 128)
+        raise argparse.ArgumentTypeError(
+            f"{text}: n_embd={width} is no whole number of heads of 128: e.g. {layers}x{fits}"
+        )
+    return Shape(int(layers), int(width))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every run trains, and where it runs."""
+
+    experiment: str  # gpt_bytes, or gpt_bytes_tiny on the CPU
+    variant: str  # its precision and compile mode, in words
+    block_size: int
+    batch_per_gpu: int
+    warmup: int
+    steps: int
+    gpus: int  # the processes of a multi-GPU run
+    device: str  # the GPU's name, or CPU
+    gpu_bytes: int | None  # the memory of one GPU
+    one_device: str  # the trainer option of volt's one-GPU run
+    timeout_s: float
+    probe_batch_per_gpu: int
+    probe_precision: str
+    probe_steps: int
+    probe_timeout_s: float
+    work: Path  # logs and run directories
+
+    @property
+    def window(self) -> int:
+        """Steps per TokenThroughput window: volt's log_every_n_steps here."""
+        return math.gcd(self.warmup, self.steps)
+
+    def model_overrides(self, gpus: int) -> list[str]:
+        return [
+            f"experiment={self.experiment}",
+            f"data.block_size={self.block_size}",
+            f"data.batch_size={self.batch_per_gpu * gpus}",  # global
+        ]
+
+
+# ------------------------------------------------------------------- the plain loop, per rank
+
+
+def plain_rank(
+    rank: int, world: int, overrides: list[str], warmup: int, steps: int, rendezvous: str
+) -> None:
+    """One process of the plain loop (world > 1: DistributedDataParallel); rank 0 prints the
+    result line."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the ranks share the cores
+    if world > 1:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=f"file://{rendezvous}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=120),
+        )
+    apply_matmul_precision(None)  # as volt's runs: TF32 where there are tensor cores for it
+    torch.manual_seed(rank)  # each rank its own windows
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    datamodule: Any = build_datamodule(cfg.data)
+    datamodule.prepare_data()  # the corpus file volt's runs read
+    model: Any = build_model(cfg.model, datamodule, cfg.task.from_data).to(device)
+    net: GPT = model.net
+    apply_compile(net, cfg.compile.mode)
+    configured = model.configure_optimizers()  # fused AdamW over the net's groups, as volt's
+    optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
+    trained = (
+        DistributedDataParallel(net, device_ids=[rank] if cuda else None) if world > 1 else net
+    )
+    corpus = torch.from_numpy(np.fromfile(datamodule.corpus_path(), dtype=np.uint8)).to(device)
+    batch, block = cfg.data.batch_size // world, cfg.data.block_size
+    autocast = cfg.precision == "bf16-mixed"
+    clip = cfg.trainer.gradient_clip_val
+
+    def step() -> None:
+        x, y = draw_batch(corpus, batch, block)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = trained(x)  # (B, T, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        if clip:
+            nn.utils.clip_grad_norm_(net.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    mine = {"seconds": time.perf_counter() - start, "peak_gib": peak_allocated_gib(device)}
+    ranks: list[dict[str, Any]] = [mine]
+    if world > 1:
+        ranks = [{}] * world
+        dist.all_gather_object(ranks, mine)
+        dist.destroy_process_group()
+    if rank:
+        return
+    tokens_per_s = world * batch * block * steps / max(r["seconds"] for r in ranks)
+    peak = peak_tflops(device, matmul_dtype(cfg.precision))
+    result = {
+        "tokens_per_s": tokens_per_s,
+        "mfu": net.flops_per_token() * tokens_per_s / (peak * 1e12 * world) if peak else None,
+        "peak_gib": max(r["peak_gib"] for r in ranks) if cuda else None,
+        "params": net.num_params(),
+    }
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def peak_allocated_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain_processes(world: int, overrides: list[str], warmup: int, steps: int) -> None:
+    """The plain loop's ranks, in the process --plain-child starts: rank 0 is that process."""
+    # The ranks meet in an empty file (torch's FileStore): no port that another run could take.
+    fd, rendezvous = tempfile.mkstemp(prefix="gpt-scaling-rendezvous-")
+    os.close(fd)
+    options = (world, overrides, warmup, steps, rendezvous)
+    spawn = multiprocessing.get_context("spawn")
+    others = [spawn.Process(target=plain_rank, args=(r, *options)) for r in range(1, world)]
+    for process in others:
+        process.start()
+    try:
+        plain_rank(0, *options)
+    except BaseException:
+        for process in others:
+            process.kill()  # they would wait for rank 0 in a collective until its timeout
+        raise
+    finally:
+        for process in others:
+            process.join()
+        Path(rendezvous).unlink(missing_ok=True)  # the store removes it too, but not on a crash
+    if any(process.exitcode for process in others):
+        raise RuntimeError(f"plain ranks: exit codes {[p.exitcode for p in others]}")
+
+
+# -------------------------------------------------------------------------------- in the parent
+
+
+def run_bounded(command: list[str], log: Path, timeout_s: float) -> int | None:
+    """`command` from the repository root, its output into `log`; its exit status, or None when
+    it ran past `timeout_s`. Whatever it started (DDP ranks, data workers) ends with it: it runs
+    in a session of its own, killed as a whole once it is done."""
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            return process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def failure(status: int | None, log: Path, timeout_s: float) -> str:
+    if status is None:
+        return f"timed out after {timeout_s:.0f} s"
+    text = log.read_text(errors="replace")
+    if "CUDA out of memory" in text:  # torch's words, in volt's one-line error too
+        return "out of memory"
+    tail = "\n    ".join(text.splitlines()[-15:])
+    return f"exit status {status}; the end of its log:\n    {tail}"
+
+
+def measure_plain(gpus: int, plan: Plan, log: Path) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--plain-child", str(gpus), "--warmup", str(plan.warmup)]
+    command += ["--steps", str(plan.steps), "--overrides", *plan.model_overrides(gpus)]
+    status = run_bounded(command, log, plan.timeout_s)
+    lines = [line for line in log.read_text().splitlines() if line.startswith(RESULT)]
+    if status != 0 or not lines:
+        return {"error": failure(status, log, plan.timeout_s)}
+    return json.loads(lines[-1].removeprefix(RESULT))
+
+
+def volt_command(trainer: str, gpus: int, outputs: Path, overrides: list[str]) -> list[str]:
+    devices = [] if trainer in ("gpu", "cpu") else [f"trainer.devices={gpus}"]
+    return [
+        *(sys.executable, "train.py", f"trainer={trainer}", *devices, *overrides),
+        *NOT_TRAINING,
+        f"paths.outputs_dir={outputs}",
+    ]
+
+
+def logged(outputs: Path) -> list[dict[str, str]]:
+    """The rows of the run's CSV log, in the order they were logged (none if it wrote none)."""
+    rows = []
+    for path in outputs.glob("**/csv/metrics.csv"):  # one: each run has outputs of its own
+        with path.open() as file:
+            rows += list(csv.DictReader(file))
+    return rows
+
+
+def peak_gib(rows: list[dict[str, str]]) -> float | None:
+    """GPUMemoryMonitor's highest peak allocated on any GPU; None on the CPU, where it logs none."""
+    peaks = [
+        float(v) for r in rows for k, v in r.items() if k.endswith("_peak_allocated_gib") and v
+    ]
+    return max(peaks) if peaks else None
+
+
+def measure_volt(trainer: str, gpus: int, plan: Plan, log: Path) -> dict[str, Any]:
+    outputs = log.with_suffix("")
+    steps = [f"trainer.max_steps={plan.warmup + plan.steps}"]
+    steps.append(f"trainer.log_every_n_steps={plan.window}")
+    command = volt_command(trainer, gpus, outputs, [*plan.model_overrides(gpus), *steps])
+    status = run_bounded(command, log, plan.timeout_s)
+    if status != 0:
+        return {"error": failure(status, log, plan.timeout_s)}
+    rows = logged(outputs)
+    windows = [r for r in rows if r.get("perf/train_tokens_per_s")]
+    if len(windows) != (plan.warmup + plan.steps) // plan.window:
+        return {
+            "error": f"{len(windows)} TokenThroughput windows in the log, not"
+            f" {(plan.warmup + plan.steps) // plan.window}: see {outputs}"
+        }
+    timed = windows[plan.warmup // plan.window :]
+    rates = [float(r["perf/train_tokens_per_s"]) for r in timed]
+    # Every window holds the same tokens, so the rate over all of them is the harmonic mean.
+    tokens_per_s = len(rates) / sum(1 / rate for rate in rates)
+    mfu = timed[0].get("perf/mfu")  # tokens/s times a constant: scaled alike
+    return {
+        "tokens_per_s": tokens_per_s,
+        "mfu": float(mfu) * tokens_per_s / rates[0] if mfu else None,
+        "peak_gib": peak_gib(rows),
+    }
+
+
+def measure(run: str, plan: Plan) -> dict[str, Any]:
+    """One throughput run: tokens/s of all GPUs, MFU per GPU, peak GiB of the fullest GPU."""
+    gpus = 1 if run in ("plain-1", "volt-gpu") else plan.gpus
+    log = plan.work / f"{run}.log"
+    started = time.perf_counter()
+    if run.startswith("plain"):
+        result = measure_plain(gpus, plan, log)
+    else:
+        trainer = plan.one_device if run == "volt-gpu" else run.removeprefix("volt-")
+        result = measure_volt(trainer, gpus, plan, log)
+    return {"run": run, "gpus": gpus, **result, "wall_s": time.perf_counter() - started}
+
+
+def beyond_memory(strategy: str, params: int, plan: Plan) -> str | None:
+    """Why a GPT of `params` parameters cannot fit, whatever its activations: its fp32 weights and
+    gradients and AdamW's two moments, 16 bytes a parameter (sharded over the GPUs under FSDP),
+    are more than a GPU holds. None if they are not, or on the CPU."""
+    need = 16 * params / (plan.gpus if strategy == "fsdp" else 1)
+    if plan.gpu_bytes is None or need <= plan.gpu_bytes:
+        return None
+    return (
+        f"out of memory, by arithmetic (not run): {need / 2**30:.0f} GiB per GPU for weights,"
+        f" gradients and AdamW state alone, of {plan.gpu_bytes / 2**30:.0f} GiB"
+    )
+
+
+def probe(strategy: str, shape: Shape, plan: Plan) -> dict[str, Any]:
+    """`shape` trained for a few steps by volt's trainer=`strategy` on all GPUs: did it fit, in
+    how much memory."""
+    params = shape.params(plan.block_size)
+    record = {"largest": strategy, "shape": str(shape), "params": params}
+    surely = beyond_memory(strategy, params, plan)
+    if surely:
+        return {**record, "outcome": surely, "peak_gib": None, "wall_s": 0.0}
+    log = plan.work / f"largest-{strategy}-{shape}.log"
+    outputs = log.with_suffix("")
+    overrides = [
+        f"experiment={plan.experiment}",
+        f"data.block_size={plan.block_size}",
+        f"data.batch_size={plan.probe_batch_per_gpu * plan.gpus}",
+        f"model.net.n_layer={shape.n_layer}",
+        f"model.net.n_embd={shape.n_embd}",
+        f"model.net.n_head={shape.n_head}",
+        "compile=off",
+        f"precision={plan.probe_precision}",
+        f"trainer.max_steps={plan.probe_steps}",
+        "trainer.log_every_n_steps=1",  # GPUMemoryMonitor's peak after every step
+    ]
+    started = time.perf_counter()
+    status = run_bounded(
+        volt_command(strategy, plan.gpus, outputs, overrides), log, plan.probe_timeout_s
+    )
+    trained = status == 0
+    return {
+        **record,
+        "outcome": "trained" if trained else failure(status, log, plan.probe_timeout_s),
+        "peak_gib": peak_gib(logged(outputs)) if trained else None,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def combined(
+    earlier: dict[str, Any], about: dict[str, Any], runs: list[str], largest: bool
+) -> dict[str, Any]:
+    """Earlier results with `about` over theirs, less their records of what is measured again:
+    the throughput runs named in `runs`, and the largest GPTs if `largest`."""
+    return {
+        "about": {**earlier.get("about", {}), **about},
+        "records": [
+            r
+            for r in earlier.get("records", [])
+            if r.get("run", "") not in runs and not ("largest" in r and largest)
+        ],
+    }
+
+
+class Results:
+    """What was measured, rewritten to `path` after each record (a cut-off benchmark keeps what
+    it measured) and told on the console as it comes. A file that exists already is added to:
+    its records of the parts measured again (throughput runs, the largest GPTs) are replaced."""
+
+    def __init__(self, path: Path, about: dict[str, Any], runs: list[str], largest: bool) -> None:
+        earlier = json.loads(path.read_text()) if path.exists() else {}
+        start = combined(earlier, about, runs, largest)
+        self.path, self.about, self.records = path, start["about"], start["records"]
+        self.started = time.perf_counter()
+
+    def say(self, text: str) -> None:
+        print(f"[{time.perf_counter() - self.started:4.0f} s] {text}", flush=True)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        text = json.dumps({"about": self.about, "records": self.records}, indent=2, default=str)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(text)
+        partial.replace(self.path)  # never half a file, even if the benchmark is killed here
+        self.say(describe(record))
+
+
+def climb(strategy: str, ladder: list[Shape], plan: Plan, results: Results) -> int | None:
+    """Probe the rungs in order up to the first that fails: its index; None if all trained."""
+    for index, shape in enumerate(ladder):
+        results.add(probe(strategy, shape, plan))
+        if results.records[-1]["outcome"] != "trained":
+            return index
+    return None
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line for the console."""
+    took = f"({record['wall_s']:.0f} s)"
+    peak = optional(record.get("peak_gib"), ", peak {:.1f} GiB per GPU", "")
+    if "largest" in record:
+        name = f"trainer={record['largest']}, {record['shape']} ({billions(record['params'])})"
+        return f"{name}: {record['outcome']}{peak} {took}"
+    name = f"{record['run']} on {record['gpus']}"
+    if "error" in record:
+        return f"{name}: {record['error']} {took}"
+    mfu = optional(record["mfu"] and 100 * record["mfu"], ", MFU {:.1f}%", "")
+    return f"{name}: {record['tokens_per_s']:,.0f} tokens/s{mfu}{peak} {took}"
+
+
+# ------------------------------------------------------------------ the report, from the records
+
+
+def billions(params: int) -> str:
+    return f"{params / 1e9:.2f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+
+
+def optional(value: float | None, form: str, missing: str = "n/a") -> str:
+    return missing if value is None else form.format(value)
+
+
+def throughput_table(records: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows: each run's tokens/s, MFU and peak memory; its scaling over the same side's
+    one-GPU run; volt's tokens/s over the plain loop's on as many GPUs."""
+    runs = sorted((r for r in records if "run" in r), key=lambda r: list(RUNS).index(r["run"]))
+    rate = {r["run"]: r.get("tokens_per_s") for r in runs}
+    lines = [
+        "| run | GPUs | tokens/s | MFU per GPU | peak GiB per GPU | scaling | volt / plain |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for record in runs:
+        run, gpus = record["run"], record["gpus"]
+        if "error" in record:
+            failed = record["error"].splitlines()[0]
+            lines.append(f"| {RUNS[run]} | {gpus} | failed: {failed} | | | | |")
+            continue
+        tokens = record["tokens_per_s"]
+        one = rate.get("plain-1" if run.startswith("plain") else "volt-gpu")
+        plain = rate.get("plain-1" if gpus == 1 else "plain-ddp")
+        scaling = f"{tokens / one:.2f}x" if gpus > 1 and one else ""
+        versus = f"{tokens / plain:.3f}" if run.startswith("volt") and plain else ""
+        mfu = optional(record["mfu"] and 100 * record["mfu"], "{:.1f}%")
+        peak = optional(record["peak_gib"], "{:.1f}")
+        lines.append(
+            f"| {RUNS[run]} | {gpus} | {tokens:,.0f} | {mfu} | {peak} | {scaling} | {versus} |"
+        )
+    return lines
+
+
+def largest_table(records: list[dict[str, Any]]) -> list[str]:
+    """Markdown rows: per strategy, the largest rung that trained, and what stopped the climb."""
+    lines = [
+        "| strategy | largest trained | parameters | peak GiB per GPU | the rung above |",
+        "| --- | --- | ---: | ---: | --- |",
+    ]
+    for strategy in ("ddp", "fsdp"):
+        tried = [r for r in records if r.get("largest") == strategy]
+        if not tried:
+            continue
+        trained = [r for r in tried if r["outcome"] == "trained"]
+        stop = next((r for r in tried if r["outcome"] != "trained"), None)
+        above = "not tried: the ladder's top"
+        if stop:
+            outcome = stop["outcome"].splitlines()[0]
+            above = f"{stop['shape']} ({billions(stop['params'])}): {outcome}"
+        cells = "none of the ladder | | "
+        if trained:
+            best = trained[-1]
+            peak = optional(best["peak_gib"], "{:.1f}")
+            cells = f"{best['shape']} | {billions(best['params'])} | {peak}"
+        lines.append(f"| volt, `trainer={strategy}` | {cells} | {above} |")
+    return lines
+
+
+def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The markdown the README shows: where and how it was measured, then the tables."""
+    machine = about["machine"]
+    where = f"{machine['gpus']} x {machine['device']}"
+    if machine["device"] == "CPU":
+        where = f"the CPU ({machine['gpus']} processes)"
+    lines = [
+        f"Measured {machine['date']} on {where}, torch {machine['torch']}, Lightning"
+        f" {machine['lightning']}, by `python benchmarks/gpt_scaling.py` (its docstring says how)."
+    ]
+    runs = [r for r in records if "run" in r]
+    if runs:
+        plan = about["throughput"]
+        params = next((r["params"] for r in runs if "params" in r), None)
+        model = f" ({billions(params)} parameters)" if params else ""
+        lines += [
+            "",
+            f"experiment={plan['experiment']}{model}, {plan['batch_per_gpu']} windows of"
+            f" {plan['block_size']} bytes per GPU, {plan['variant']}: tokens/s of all GPUs over"
+            f" {plan['steps']} steps after {plan['warmup']} warm-up steps, MFU of each GPU's dense"
+            " bf16 peak, peak memory allocated on the fullest GPU, scaling over the same side on"
+            f" one GPU ({sum(r['wall_s'] for r in runs):.0f} s for the {len(runs)} runs).",
+            "",
+            *throughput_table(runs),
+        ]
+    probes = [r for r in records if "largest" in r]
+    if probes:
+        plan = about["largest"]
+        lines += [
+            "",
+            f"The largest GPT trained, climbing {' '.join(plan['ladder'])} (n_layer x n_embd,"
+            f" heads of 128) up to the first that fails: {plan['batch_per_gpu']} windows of"
+            f" {plan['block_size']} bytes per GPU, {plan['precision']}, eager, AdamW,"
+            f" {plan['steps']} steps; FSDP from the first rung DDP could not train"
+            f" ({sum(r['wall_s'] for r in probes):.0f} s for {len(probes)} rungs).",
+            "",
+            *largest_table(probes),
+        ]
+    return "\n".join(lines)
+
+
+def with_table(text: str, table: str) -> str:
+    """`text` (the README's) with `table` in place of whatever stood between BEGIN and END."""
+    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"no {BEGIN} ... {END} lines to write the table between: add them")
+    before, rest = text.split(BEGIN, 1)
+    return f"{before}{BEGIN}\n{table}\n{END}{rest.split(END, 1)[1]}"
+
+
+# ------------------------------------------------------------------------------------- the CLI
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    tiny = args.tiny
+    gpus = 2 if tiny else torch.cuda.device_count()
+    # One GPU: its own runs alone (a check of the script on a one-GPU machine), no DDP or ladder.
+    several = {"plain-ddp", "volt-ddp"} & set(args.runs) or args.largest is not None
+    if gpus < 1 or (gpus == 1 and several):
+        sys.exit(
+            f"gpt_scaling: {gpus} GPU(s) visible, the runs need 2 or more: --tiny on a CPU, or"
+            " --runs plain-1 volt-gpu volt-fsdp on one GPU"
+        )
+    # Asked here, once: a query of its properties starts nothing on the GPU.
+    gpu = None if tiny else torch.cuda.get_device_properties(0)
+    return Plan(
+        experiment="gpt_bytes_tiny" if tiny else "gpt_bytes",
+        variant="32-true, eager" if tiny else "bf16-mixed, torch.compile",
+        block_size=64 if tiny else 1024,
+        batch_per_gpu=args.batch_per_gpu or (4 if tiny else 16),
+        warmup=args.warmup or (2 if tiny else 20),
+        steps=args.steps or (4 if tiny else 50),
+        gpus=gpus,
+        device=gpu.name if gpu else "CPU",
+        gpu_bytes=gpu.total_memory if gpu else None,
+        one_device="cpu" if tiny else "gpu",
+        timeout_s=args.timeout,
+        probe_batch_per_gpu=2 if tiny else 8,
+        probe_precision="32-true" if tiny else "bf16-mixed",
+        probe_steps=args.probe_steps,
+        probe_timeout_s=args.probe_timeout,
+        work=Path(args.work or tempfile.mkdtemp(prefix="gpt-scaling-")),
+    )
+
+
+def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dict[str, Any]:
+    """What the report says of this benchmark's runs, beside their records."""
+    about: dict[str, Any] = {
+        "machine": {
+            "device": plan.device,
+            "gpus": plan.gpus,
+            "torch": torch.__version__,
+            "lightning": pl.__version__,
+            "date": time.strftime("%Y-%m-%d"),
+        }
+    }
+    if args.runs:
+        keys = ("experiment", "variant", "block_size", "batch_per_gpu", "warmup", "steps")
+        about["throughput"] = {key: getattr(plan, key) for key in keys}
+    if args.largest is not None:
+        about["largest"] = {
+            "ladder": [str(shape) for shape in ladder],
+            "batch_per_gpu": plan.probe_batch_per_gpu,
+            "block_size": plan.block_size,
+            "precision": plan.probe_precision,
+            "steps": plan.probe_steps,
+        }
+    return about
+
+
+def finish(table: str, readme: str | None) -> None:
+    print(f"\n{table}", flush=True)
+    if readme:
+        path = Path(readme)
+        path.write_text(with_table(path.read_text(), table))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tiny", action="store_true", help="toy sizes, 2 processes on the CPU")
+    parser.add_argument(
+        "--runs",
+        nargs="*",
+        choices=RUNS,
+        default=list(RUNS),
+        help="the throughput runs (default: all of them; --runs alone: none)",
+    )
+    parser.add_argument("--batch-per-gpu", type=int, help="windows per GPU (16; tiny: 4)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (20; tiny: 2)")
+    parser.add_argument("--steps", type=int, help="timed steps (50; tiny: 4)")
+    parser.add_argument(
+        "--largest",
+        nargs="*",
+        type=parse_shape,
+        metavar="LAYERSxWIDTH",
+        help="find the largest GPT that trains under DDP and under FSDP on this ladder"
+        f" (default: {' '.join(LADDER)}; tiny: {' '.join(TINY_LADDER)})",
+    )
+    parser.add_argument("--probe-steps", type=int, default=3, help="steps per rung (3)")
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per run (240)")
+    parser.add_argument("--probe-timeout", type=float, default=240, help="seconds per rung (240)")
+    parser.add_argument(
+        "--json", help="the results, after each run; added to if it exists (default: in --work)"
+    )
+    parser.add_argument("--work", help="the runs' logs and outputs (default: a new temp folder)")
+    parser.add_argument(
+        "--readme", nargs="?", const=str(README), help="write the tables into this README"
+    )
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        metavar="JSON",
+        help="measure nothing: the tables of these --json files (a later one's parts replace"
+        " an earlier one's)",
+    )
+    parser.add_argument("--plain-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--overrides", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_child:
+        plain_processes(args.plain_child, args.overrides, args.warmup, args.steps)
+        return
+    if args.readme:
+        try:
+            with_table(Path(args.readme).read_text(), "")  # before minutes are spent measuring
+        except ValueError as error:
+            sys.exit(f"gpt_scaling: {args.readme}: {error}")
+    if args.report:
+        saved: dict[str, Any] = {}
+        for name in args.report:
+            later = json.loads(Path(name).read_text())
+            runs = [r["run"] for r in later["records"] if "run" in r]
+            largest = any("largest" in r for r in later["records"])
+            saved = combined(saved, later["about"], runs, largest)
+            saved["records"] += later["records"]
+        finish(report(saved["about"], saved["records"]), args.readme)
+        return
+    for name, value in (("--warmup", args.warmup), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            parser.error(f"{name} {value}: give at least 1 (the warm-up compiles), e.g. {name} 20")
+    plan = make_plan(args)
+    ladder = args.largest or [parse_shape(s) for s in (TINY_LADDER if args.tiny else LADDER)]
+    plan.work.mkdir(parents=True, exist_ok=True)
+    json_path = Path(args.json) if args.json else plan.work / "gpt_scaling.json"
+    about = about_this(plan, ladder, args)
+    results = Results(json_path, about, args.runs, args.largest is not None)
+    results.say(
+        f"{plan.gpus} x {about['machine']['device']}, experiment={plan.experiment},"
+        f" {plan.batch_per_gpu} x {plan.block_size} tokens per GPU, {plan.warmup} + {plan.steps}"
+        f" steps; logs in {plan.work}, results in {json_path}"
+    )
+    for run in args.runs:
+        results.say(f"{run} ...")
+        results.add(measure(run, plan))
+    if args.largest is not None:
+        failed = climb("ddp", ladder, plan, results)
+        climb("fsdp", ladder[failed:] if failed is not None else ladder[-1:], plan, results)
+    finish(report(results.about, results.records), args.readme)
+
+
+if __name__ == "__main__":
+    main()

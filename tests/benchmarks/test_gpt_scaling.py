@@ -1,0 +1,257 @@
+"""benchmarks/gpt_scaling.py: the GPT task on several GPUs, here at toy sizes on the CPU."""
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from volt.config import PROJECT_ROOT
+from volt.nets.gpt import GPT
+
+SCRIPT = PROJECT_ROOT / "benchmarks" / "gpt_scaling.py"
+OLD_README = (
+    "# volt\nbefore\n<!-- perf-gpt-multi:begin -->\nold\n<!-- perf-gpt-multi:end -->\nafter\n"
+)
+
+
+@pytest.fixture(scope="module")
+def scaling() -> Iterator[ModuleType]:
+    """The script as a module. It imports its neighbour gpt_plain as `python benchmarks/...`
+    lets it, with the script's folder first on sys.path; here that folder is put there."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SCRIPT.parent))
+        spec = importlib.util.spec_from_file_location("gpt_scaling", SCRIPT)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+
+
+def test_shapes_are_layers_by_width_in_heads_of_128(scaling: ModuleType) -> None:
+    shape = scaling.parse_shape("40x3072")
+    assert (shape.n_layer, shape.n_embd, shape.n_head, str(shape)) == (40, 3072, 24, "40x3072")
+    counted = GPT(block_size=64, n_layer=2, n_head=1, n_embd=128).num_params(non_embedding=False)
+    assert scaling.parse_shape("2x128").params(64) == counted
+    with pytest.raises(argparse.ArgumentTypeError, match=r"write e\.g\. 40x3072"):
+        scaling.parse_shape("40-3072")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"heads of 128: e\.g\. 40x3072"):
+        scaling.parse_shape("40x3100")
+
+
+def test_the_table_replaces_what_stood_between_the_markers(scaling: ModuleType) -> None:
+    once = scaling.with_table(OLD_README, "| new |")
+    assert once == OLD_README.replace("\nold\n", "\n| new |\n")
+    assert scaling.with_table(once, "| newer |") == OLD_README.replace("\nold\n", "\n| newer |\n")
+    for text in ("# no markers\n", OLD_README.replace("<!-- perf-gpt-multi:end -->", "")):
+        with pytest.raises(ValueError, match=r"perf-gpt-multi:begin -->.*: add them"):
+            scaling.with_table(text, "| new |")
+
+
+def test_refused_readme_stops_before_anything_runs(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("# volt, no markers\n")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--readme", str(readme), "--work", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"gpt_scaling: {readme}: no <!-- perf-gpt-multi:begin --> ... <!-- perf-gpt-multi:end -->"
+        " lines to write the table between: add them"
+    )
+    assert list(tmp_path.iterdir()) == [readme]  # no run started
+
+
+ABOUT = {  # as a benchmark on 2 GPUs saves it
+    "machine": {
+        "device": "NVIDIA H200",
+        "gpus": 2,
+        "torch": "2.11",
+        "lightning": "2.6.6",
+        "date": "2026-11-24",
+    },
+    "throughput": {
+        "experiment": "gpt_bytes",
+        "variant": "bf16-mixed, torch.compile",
+        "block_size": 1024,
+        "batch_per_gpu": 16,
+        "warmup": 20,
+        "steps": 50,
+    },
+    "largest": {
+        "ladder": ["40x3072", "48x4096"],
+        "batch_per_gpu": 8,
+        "block_size": 1024,
+        "precision": "bf16-mixed",
+        "steps": 3,
+    },
+}
+
+
+def run(name: str, gpus: int, tokens: float, peak: float | None) -> dict[str, object]:
+    return {"run": name, "gpus": gpus, "tokens_per_s": tokens, "mfu": tokens / 1e6} | {
+        "peak_gib": peak,
+        "wall_s": 50 if name.startswith("plain") else 30,
+    }
+
+
+RECORDS = [  # in the order they ran, which is not the table's
+    run("volt-ddp", 2, 780_000, 20.0),
+    run("plain-1", 1, 400_000, 18.5) | {"params": 85_000_000},
+    {"run": "volt-fsdp", "gpus": 2, "error": "timed out after 240 s", "wall_s": 240},
+    run("volt-gpu", 1, 390_000, 19.0),
+    run("plain-ddp", 2, 800_000, None),
+    {"largest": "ddp", "shape": "40x3072", "params": 4.5e9, "outcome": "trained"}
+    | {"peak_gib": 110.25, "wall_s": 60},
+    {"largest": "ddp", "shape": "48x4096", "params": 9.7e9, "peak_gib": None, "wall_s": 0}
+    | {"outcome": "out of memory, by arithmetic (not run): 144 GiB per GPU"},
+    {"largest": "fsdp", "shape": "48x4096", "params": 9.7e9, "outcome": "trained"}
+    | {"peak_gib": 108.0, "wall_s": 90},
+]
+
+
+def test_report_shows_scaling_against_the_same_sides_one_gpu(scaling: ModuleType) -> None:
+    text = scaling.report(ABOUT, RECORDS)
+    assert text.startswith("Measured 2026-11-24 on 2 x NVIDIA H200, torch 2.11, Lightning 2.6.6")
+    assert "experiment=gpt_bytes (85.0M parameters), 16 windows of 1024 bytes per GPU" in text
+    assert "(400 s for the 5 runs)" in text and "(150 s for 3 rungs)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:6] == [
+        "| plain PyTorch loop | 1 | 400,000 | 40.0% | 18.5 |  |  |",
+        "| plain PyTorch loop, DistributedDataParallel | 2 | 800,000 | 80.0% | n/a | 2.00x |  |",
+        "| volt, `trainer=gpu` | 1 | 390,000 | 39.0% | 19.0 |  | 0.975 |",
+        "| volt, `trainer=ddp` | 2 | 780,000 | 78.0% | 20.0 | 2.00x | 0.975 |",
+        "| volt, `trainer=fsdp` | 2 | failed: timed out after 240 s | | | | |",
+    ]
+    assert rows[7:] == [
+        "| volt, `trainer=ddp` | 40x3072 | 4.50B | 110.2 | 48x4096 (9.70B): out of memory,"
+        " by arithmetic (not run): 144 GiB per GPU |",
+        "| volt, `trainer=fsdp` | 48x4096 | 9.70B | 108.0 | not tried: the ladder's top |",
+    ]
+
+
+def test_saved_results_go_into_the_readme_without_measuring(
+    scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Throughput and the largest GPTs measured apart, the largest ones twice: the later counts.
+    stale = {"largest": "ddp", "shape": "2x128", "params": 1, "outcome": "trained", "wall_s": 1}
+    parts = [
+        ({"machine", "throughput", "largest"}, [*RECORDS[:5], stale]),
+        ({"machine", "largest"}, RECORDS[5:]),
+    ]
+    files: list[str] = []
+    for keys, records in parts:
+        files.append(str(tmp_path / f"part{len(files)}.json"))
+        about = {key: ABOUT[key] for key in keys}
+        Path(files[-1]).write_text(json.dumps({"about": about, "records": records}))
+    readme = tmp_path / "README.md"
+    readme.write_text(OLD_README)
+    argv = ["gpt_scaling.py", "--report", *files, "--readme", str(readme)]
+    monkeypatch.setattr(sys, "argv", argv)
+    scaling.main()
+    assert readme.read_text() == scaling.with_table(OLD_README, scaling.report(ABOUT, RECORDS))
+
+
+def test_a_rung_whose_optimiser_state_outgrows_a_gpu_is_not_run(
+    scaling: ModuleType, tmp_path: Path
+) -> None:
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options |= dict(runs=[], largest=[])
+    plan = scaling.make_plan(
+        argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
+    )
+    h200 = dataclasses.replace(plan, gpu_bytes=140 * 2**30)
+    nine_billion = 9_000_000_000  # 16 bytes each: 134 GiB on one GPU, 67 on each of two
+    assert scaling.beyond_memory("fsdp", nine_billion, h200) is None
+    assert scaling.beyond_memory("ddp", nine_billion, h200) is None
+    assert scaling.beyond_memory("ddp", 10_000_000_000, h200) == (
+        "out of memory, by arithmetic (not run): 149 GiB per GPU for weights, gradients and"
+        " AdamW state alone, of 140 GiB"
+    )
+    assert scaling.beyond_memory("ddp", 10**12, plan) is None  # the CPU: no bound, a probe
+
+
+def test_a_second_benchmark_adds_to_the_results_of_the_first(
+    scaling: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "results.json"
+    plain = {"run": "plain-1", "gpus": 1, "tokens_per_s": 1.0, "mfu": None, "wall_s": 1.0}
+    earlier = [
+        {"run": "volt-ddp", "gpus": 2, "error": "timed out after 240 s", "wall_s": 240.0},
+        plain,
+        {"largest": "ddp", "shape": "1x128", "params": 1, "outcome": "trained", "wall_s": 1.0},
+    ]
+    about = {"machine": {"gpus": 2}, "throughput": {"steps": 50}, "largest": {"steps": 3}}
+    path.write_text(json.dumps({"about": about, "records": earlier}))
+
+    # Measuring volt-ddp and the largest GPTs again: their earlier records go.
+    results = scaling.Results(
+        path, {"machine": {"gpus": 4}, "largest": {"steps": 2}}, ["volt-ddp"], True
+    )
+    ddp = {"run": "volt-ddp", "gpus": 4, "tokens_per_s": 2.0, "mfu": None, "wall_s": 1.0}
+    results.add(ddp)
+    assert "volt-ddp on 4: 2 tokens/s (1 s)" in capsys.readouterr().out
+    saved = json.loads(path.read_text())
+    assert saved == {
+        "about": {"machine": {"gpus": 4}, "throughput": {"steps": 50}, "largest": {"steps": 2}},
+        "records": [plain, ddp],
+    }
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no partial file left
+
+
+@pytest.mark.slow  # 13 fresh interpreters importing torch and Lightning: 1.5 min on 2 cores
+def test_tiny_run_measures_every_side_and_writes_the_readme_tables(
+    scaling: ModuleType, tmp_path: Path
+) -> None:
+    readme, results = tmp_path / "README.md", tmp_path / "results.json"
+    readme.write_text(OLD_README)
+    command = [sys.executable, str(SCRIPT), "--tiny", "--largest", "--readme", str(readme)]
+    command += ["--json", str(results), "--work", str(tmp_path / "work")]
+    done = subprocess.run(
+        command,
+        cwd=PROJECT_ROOT,
+        # One thread: on a loaded 2-core machine a second one spins waiting for a core.
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    saved = json.loads(results.read_text())
+    runs = {r["run"]: r for r in saved["records"] if "run" in r}
+    assert list(runs) == list(scaling.RUNS)
+    for name, record in runs.items():
+        assert "error" not in record, (name, record["error"])
+        assert record["tokens_per_s"] > 0 and record["wall_s"] > 0
+        assert record["gpus"] == (1 if name in ("plain-1", "volt-gpu") else 2)
+        assert record["mfu"] is None and record["peak_gib"] is None  # a CPU has neither
+    assert runs["plain-1"]["params"] == runs["plain-ddp"]["params"] > 0
+    probes = [r for r in saved["records"] if "largest" in r]
+    assert [(r["largest"], r["shape"], r["outcome"]) for r in probes] == [
+        ("ddp", "2x128", "trained"),
+        ("fsdp", "2x128", "trained"),  # the top rung: DDP trained them all
+    ]
+    assert all(r["params"] > 0 and r["wall_s"] > 0 for r in probes)
+
+    table = scaling.report(saved["about"], saved["records"])
+    assert readme.read_text() == scaling.with_table(OLD_README, table)
+    assert table in done.stdout
+    assert table.startswith("Measured ") and "on the CPU (2 processes)" in table
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + len(runs) + 1 + 2  # a header and a line per run, then per strategy
+    for line in rows[1:6]:
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        assert float(cells[2].replace(",", "")) > 0
+        if cells[1] == "2":
+            assert float(cells[5].removesuffix("x")) > 0  # scaling over one process
