@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The single-GPU checks behind the README's GPU section, as run on the lent GPU machine:
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling
+# The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
+# gpt and sweeps need two GPUs):
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|sweeps
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -53,6 +54,19 @@ case ${1:-tests} in
     python benchmarks/ddp_scaling.py --root /tmp/data --batch-per-gpu 256 --readme \
       --json "$out/scaling.json" 2>&1 | grep --line-buffered -vi warn | tee "$out/scaling.log" | tail -16
     cp README.md "$out/README.md"
+    ;;
+  gpt)  # two GPUs (issue #24): the GPT task under ddp and fsdp beside a plain DDP loop, then the
+        # largest GPT each trains; rewrites the README's table from both
+    python benchmarks/gpt_scaling.py --json "$out/gpt_throughput.json" --work /tmp/gpt-scaling
+    python benchmarks/gpt_scaling.py --runs --largest --json "$out/gpt_largest.json" \
+      --work /tmp/gpt-scaling
+    python benchmarks/gpt_scaling.py --report "$out"/gpt_*.json --readme
+    cp /tmp/gpt-scaling/*.log README.md "$out/" 2>/dev/null
+    ;;
+  sweeps)  # two GPUs (issue #25): sweeps side by side, a DDP queue, an Optuna search, a failed job
+          # (needs the optuna and colorlog wheels beside Hydra's)
+    python benchmarks/gpu_sweeps.py --outputs /tmp/gpu-sweeps --json "$out/gpu_sweeps.json"
+    cp /tmp/gpu-sweeps/*.log "$out/" 2>/dev/null
     ;;
   syncs)  # where volt's configured training steps make the CPU wait for the GPU
     python benchmarks/perf.py --steps 20 --find-syncs 2>&1 | grep --line-buffered -vi warn \
