@@ -1,6 +1,7 @@
 """SIGTERM and Ctrl+C while training: the step finishes, last.ckpt is saved, the exit status is
 128 + the signal's number. Real signals to real training processes, and to this one."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -322,3 +323,36 @@ def test_lightning_sigterm_broadcast_is_off_during_the_fit_only() -> None:
     trainer.fit(Regression(), eight_batches(), eight_batches())
     assert record.switched_off == [True, True, True]
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
+
+
+def test_a_sigterm_to_the_whole_process_group_spares_the_data_workers(
+    fast: list[str], tmp_path: Path
+) -> None:
+    # SLURM (pre-emption, scancel), `timeout` and Ctrl+C in a terminal signal every process of
+    # the job's group, the DataLoader workers too; torch's workers die of it by themselves.
+    outputs = tmp_path / "volt"
+    outputs.mkdir()
+    overrides = [o for o in fast if not o.startswith("trainer.max_epochs=")]
+    overrides += ["trainer.max_epochs=1000", "data.on_device=false", "data.num_workers=2"]
+    overrides += ["data.persistent_workers=true", f"paths.outputs_dir={outputs}"]
+    with open(outputs / "console.txt", "wb") as console:
+        process = subprocess.Popen(
+            [sys.executable, "train.py", *overrides],
+            cwd=PROJECT_ROOT,
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a group of its own, to signal as a scheduler does
+        )
+    try:
+        last = wait_for("train/runs/*/checkpoints/last.ckpt", outputs, process)
+        before = torch.load(last, weights_only=True)["global_step"]
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+    console_text = (outputs / "console.txt").read_text()
+    assert process.returncode == 143, console_text
+    assert "killed by signal" not in console_text
+    assert torch.load(last, weights_only=True)["global_step"] > before

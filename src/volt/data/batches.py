@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from volt.data.workers import signal_proof_workers
+
 StoredBatch = tuple[int, Tensor, Tensor]  # (step in the epoch, images as stored, labels)
 
 # data.on_device=auto keeps a data set on the GPU when all its splits take at most this share of
@@ -227,6 +229,7 @@ class ImageBatches:
                 pin_memory=loading.pin_memory,
                 persistent_workers=loading.persistent_workers and workers,
                 prefetch_factor=loading.prefetch_factor if workers else None,
+                worker_init_fn=signal_proof_workers(),  # SIGTERM, Ctrl+C: the training process's
                 # Its own generator: starting an iterator draws a seed, and drawing it from the
                 # global one would shift dropout's random numbers whenever a loader is (re)started
                 # (a resumed run starts one more than an unbroken one).

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from volt.data.workers import signal_proof_workers
+
 Batch = tuple[Tensor, Tensor]  # inputs and targets, int64 (B, T)
 
 # Third-party packages differ from machine to machine; the test suites hold deliberately broken
@@ -327,6 +329,7 @@ class TextBytesDataModule(pl.LightningDataModule):
             # Pinned host memory lets the host-to-GPU copy run asynchronously (non_blocking).
             pin_memory=on_gpu if self.pin_memory is None else self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
+            worker_init_fn=signal_proof_workers(),  # SIGTERM, Ctrl+C: the training process's
             # Its own generator: starting an iterator draws a seed, and drawing it from the global
             # one would shift dropout's random numbers whenever a loader is (re)started.
             generator=torch.Generator().manual_seed(torch.initial_seed() % 2**31),
