@@ -32,6 +32,17 @@ def only(directory: Path) -> Path:
     return child
 
 
+def test_a_plain_task_clips_gradients_with_a_fused_optimiser_under_bf16_mixed(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    # Lightning 2.6.6 alone refuses this pair though bf16 has no grad scaler (its issue #21435);
+    # volt's build_trainer lets any module through, not only volt's own.
+    overrides = ["model.fused=true", "precision=bf16-mixed", "trainer.gradient_clip_val=0.5"]
+    trained = run_volt([*USER_TASK, *overrides, "trainer.max_epochs=1", "test=false"])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "does not allow for gradient clipping" not in trained.stderr
+
+
 def test_a_plain_lightning_task_trains_evaluates_and_predicts(
     run_volt: Run, tmp_path: Path
 ) -> None:

@@ -48,7 +48,7 @@ class LineData(pl.LightningDataModule):
 
 
 class LineRegressor(pl.LightningModule):
-    def __init__(self, hidden: int = 16, lr: float = 0.05) -> None:
+    def __init__(self, hidden: int = 16, lr: float = 0.05, fused: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.body = nn.Sequential(nn.Linear(1, hidden), nn.Tanh(), nn.Linear(hidden, 1))
@@ -75,4 +75,4 @@ class LineRegressor(pl.LightningModule):
         return self(batch[0]).squeeze(-1)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr, fused=self.hparams.fused)

@@ -11,6 +11,7 @@ channels_last -> the SyncBatchNorm choice -> compile; Lightning then distributes
 """
 
 import copy
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
@@ -180,9 +182,22 @@ def build_trainer(
             trainer_cfg.enable_checkpointing = any(
                 isinstance(c, ModelCheckpoint) for c in callbacks
             )
-    return instantiate_checked(
+    trainer: pl.Trainer = instantiate_checked(
         trainer_cfg, trusted, callbacks=callbacks, logger=loggers or False, plugins=given + plugins
     )
+    allow_clipping_fused_optimizers(trainer)
+    return trainer
+
+
+def allow_clipping_fused_optimizers(trainer: pl.Trainer) -> None:
+    """Lightning 2.6.6's MixedPrecision refuses to clip gradients for a fused optimiser (AdamW's
+    `fused=True`) even under bf16-mixed, which has no grad scaler for the fused step to clash with
+    (Lightning issue #21435, fixed by PR #21436 after 2.6.6): where the plugin has no scaler it
+    clips as its base class does, for any module. Remove when volt requires a Lightning with the
+    fix. Under 16-mixed the refusal stands: there a fused step unscales after the clipping."""
+    plugin = trainer.precision_plugin
+    if isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+        plugin.clip_gradients = functools.partial(Precision.clip_gradients, plugin)  # type: ignore[method-assign]
 
 
 def build_trial_pruning(watch: str) -> list[Callback]:

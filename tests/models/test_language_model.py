@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from volt.build import allow_clipping_fused_optimizers
 from volt.data.text_bytes import TextBytesDataModule
 from volt.models.language_model import LanguageModel
 from volt.models.schedules import warmup_cosine
@@ -179,7 +180,8 @@ class GradNorms(pl.Callback):
 
 
 def test_clips_with_a_fused_optimizer_under_bf16_mixed() -> None:
-    """Lightning 2.6.6 refuses this pair although bf16 has no grad scaler (its #21435)."""
+    """Lightning 2.6.6 refuses this pair although bf16 has no grad scaler (its #21435): volt's
+    build_trainer lets it through, and the clipping takes effect."""
     pl.seed_everything(0, verbose=False)
     x = torch.randint(0, 256, (8, BLOCK))
     data = DataLoader(TensorDataset(x, x.roll(-1, dims=1)), batch_size=4)
@@ -198,6 +200,7 @@ def test_clips_with_a_fused_optimizer_under_bf16_mixed() -> None:
         enable_model_summary=False,
         callbacks=[norms],
     )
+    allow_clipping_fused_optimizers(trainer)  # as volt's build_trainer does
     trainer.fit(model, data)
     optimizer = trainer.optimizers[0]
     assert optimizer.defaults["fused"] is True

@@ -9,8 +9,6 @@ from typing import Any, Protocol, runtime_checkable
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.utilities.enums import GradClipAlgorithmType
 from lightning.pytorch.utilities.types import OptimizerLRScheduler
 from torch import Tensor, nn
 from torch.optim import Optimizer
@@ -195,24 +193,6 @@ class LanguageModel(pl.LightningModule):
             # Bytes, read as UTF-8: a sampled byte sequence need not be valid UTF-8.
             "text": [bytes(row).decode("utf-8", errors="replace") for row in continuation.tolist()],
         }
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: Optimizer,
-        gradient_clip_val: int | float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        plugin = self.trainer.precision_plugin
-        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
-        if gradient_clip_val and fused and isinstance(plugin, MixedPrecision) and not plugin.scaler:
-            # Lightning 2.6.6's MixedPrecision refuses to clip for a fused optimiser even under
-            # bf16-mixed, which has no grad scaler for the fused step to clash with (Lightning
-            # issue #21435, fixed by PR #21436 after 2.6.6): clip as its base class does. Remove
-            # when volt requires a Lightning with that fix.
-            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
-            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
         options = {}
