@@ -9,7 +9,7 @@ import pytest
 import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-from optuna.samplers import RandomSampler
+from optuna.samplers import GridSampler, RandomSampler
 from optuna.trial import TrialState
 
 from volt.errors import ConfigError
@@ -146,6 +146,20 @@ def test_a_killed_search_redoes_its_running_trials_then_adds_new_ones(tmp_path: 
     launcher = FakeLauncher()
     Search(study_in(tmp_path, space), space, launcher, tmp_path, "v").run(n_trials=7, n_jobs=4)
     assert [(len(jobs), first) for jobs, first in launcher.launches] == [(2, 5)]
+
+
+def test_a_grid_search_ends_when_its_grid_is_done(tmp_path: Path) -> None:
+    # GridSampler asks the study to stop after the last point, which Optuna refuses outside
+    # study.optimize(); the search ends there with every point tried once (one at a time: trials
+    # asked together may draw the same point).
+    space = parse_search_space({"model.optimizer.lr": "choice(0.01, 0.1, 1.0)"}, ["name=s"])
+    grid = {"model.optimizer.lr": [0.01, 0.1, 1.0]}
+    study = open_study(tmp_path, "s", "maximize", space, lambda _: GridSampler(grid, seed=0))
+    launcher = FakeLauncher()
+    Search(study, space, launcher, tmp_path, "v").run(n_trials=10, n_jobs=1)
+    assert sorted(t.params["model.optimizer.lr"] for t in study.trials) == [0.01, 0.1, 1.0]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert yaml.safe_load((tmp_path / BEST_FILE).read_text())["value"] == 1.0
 
 
 def test_a_search_whose_trials_all_failed_fails(tmp_path: Path) -> None:

@@ -183,6 +183,7 @@ class Search:
         self.launch = launch
         self.sweep_dir = sweep_dir
         self.objective = objective  # the metric a trial's value is, for best.yaml
+        self.stopped = False  # the sampler asked the study to stop (GridSampler: grid done)
         study.set_user_attr("objective", objective)  # for search.png's axis
 
     def run(self, n_trials: int, n_jobs: int) -> list[Sequence[JobReturn]]:
@@ -200,7 +201,7 @@ class Search:
             )
         for batch in _contiguous(interrupted, n_jobs):
             returns.append(self._run_batch(batch))
-        while (left := n_trials - len(self.study.trials)) > 0:
+        while not self.stopped and (left := n_trials - len(self.study.trials)) > 0:
             asked = [self.study.ask(self.space.distributions) for _ in range(min(n_jobs, left))]
             frozen = self.study.get_trials(deepcopy=False)
             returns.append(self._run_batch([frozen[t.number] for t in asked]))
@@ -231,15 +232,27 @@ class Search:
 
     def _tell(self, trial: FrozenTrial, result: JobReturn) -> None:
         """The job's value, or FAIL; a trial the job itself pruned stays pruned."""
-        if result.status == JobStatus.FAILED:
-            self.study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        if result.status == JobStatus.FAILED:  # its return_value would raise the job's error
+            self._told(trial.number, None, TrialState.FAIL)
             return
         value = result.return_value
         if value is None or not math.isfinite(float(value)):
             log.warning("trial %d returned %r: counted as failed", trial.number, value)
-            self.study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-            return
-        self.study.tell(trial.number, float(value), skip_if_finished=True)
+            self._told(trial.number, None, TrialState.FAIL)
+        else:
+            self._told(trial.number, float(value), None)
+
+    def _told(self, number: int, value: float | None, state: TrialState | None) -> None:
+        try:
+            self.study.tell(number, value, state=state, skip_if_finished=True)
+        except RuntimeError as error:
+            # GridSampler calls study.stop() once every point of its grid has a trial, which
+            # Optuna (5.0.0) refuses outside study.optimize(); the trial's result is stored
+            # before that (in a `finally`). End the search here, as optimize() would.
+            if "Study.stop" not in str(error):
+                raise
+            log.info("the sampler stopped study %s after trial %d", self.study.study_name, number)
+            self.stopped = True
 
     def write_best(self) -> None:
         """best.yaml: the best trial so far (its parameters as overrides too) and how many trials
