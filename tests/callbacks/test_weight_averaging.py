@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.sync_counter import SyncCounter, per_step, read_counts
 from tests.tiny_regression import TinyRegression
 from volt import train as volt_train
 from volt.build import load_trained_module
@@ -96,6 +97,14 @@ def ema_of(weights: list[Tensor]) -> Tensor:
     for w in weights[1:]:
         average = DECAY * average + (1 - DECAY) * w
     return average
+
+
+def test_updates_never_wait_for_the_device(tmp_path: Path) -> None:
+    # torch's AveragedModel.update_parameters reads its update count on the host at every step.
+    counter = SyncCounter(str(tmp_path / "syncs.json"), start_step=0, steps=6)
+    fit(tmp_path, [ExponentialMovingAverage(DECAY), counter])
+    steps = per_step(read_counts(tmp_path / "syncs.json", rank=0), "syncs", "volt/callbacks/")
+    assert len(steps) == 6 and not any(steps), steps
 
 
 def best(tmp_path: Path) -> ModelCheckpoint:

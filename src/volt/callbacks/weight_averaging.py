@@ -27,8 +27,10 @@ when a Lightning release fixes its defect; delete the class (and build `EMAWeigh
    (`on_save_checkpoint`). Its copy into the module at `on_train_end` likewise comes before such a
    callback's save there (`on_fit_end`).
 
-Not handled: torch's `AveragedModel.update_parameters` (torch 2.14) reads its update count on the
-host, so on a GPU every optimizer step waits for the device once.
+5. torch's `AveragedModel.update_parameters` (torch 2.11 to 2.14), which Lightning calls, reads its
+   update count on the host (`n_averaged == 0`, `n_averaged > 0`), so on a GPU every optimizer
+   step waited for the device. The update here keeps that count on the device and knows on the
+   host whether it is the first (`_update`).
 """
 
 import itertools
@@ -69,6 +71,8 @@ class ExponentialMovingAverage(EMAWeightAveraging):
         self._restored: dict[str, Any] | None = None
         # The trained weights while the module holds the average for validation.
         self._trained: list[Tensor] | None = None
+        # No update yet since the average was made (not restored): the next one copies.
+        self._fresh = True
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -84,6 +88,7 @@ class ExponentialMovingAverage(EMAWeightAveraging):
         average = self._average()
         _widen_onto(average, pl_module)
         restored, self._restored = self._restored, None
+        self._fresh = restored is None
         if restored is None:
             # A fresh fit, or one resumed from a checkpoint without an average: the module's
             # weights now (the ones Lightning restored) are where the average starts.
@@ -141,8 +146,30 @@ class ExponentialMovingAverage(EMAWeightAveraging):
         """The update after the newest optimizer step, unless it is done or not due."""
         step = trainer.global_step
         if step > self._latest_update_step and self.should_update(step_idx=step - 1):
-            self._average().update_parameters(pl_module)
+            self._update(self._average(), pl_module)
             self._latest_update_step = step
+
+    def _update(self, average: AveragedModel, pl_module: pl.LightningModule) -> None:
+        """What `average.update_parameters(pl_module)` does with an EMA, without reading the
+        update count on the host: the first update of a fresh average copies the weights, later
+        ones take `decay * average + (1 - decay) * weights` (torch's `get_ema_avg_fn`, which
+        Lightning uses, one tensor at a time); non-floating buffers are copied."""
+        kept, weights = list(_tensors(average.module)), list(_tensors(pl_module))
+        if self._fresh:  # n_averaged == 0, known without asking the device
+            _copy(weights, kept)
+            self._fresh = False
+        else:
+            pairs = list(zip(kept, weights, strict=True))
+            floating = [(k, w) for k, w in pairs if k.is_floating_point()]
+            others = [(k, w) for k, w in pairs if not k.is_floating_point()]
+            if floating:  # decay * average + (1 - decay) * weights, rounded as torch's EMA
+                targets = [k.detach() for k, _ in floating]
+                torch._foreach_mul_(targets, self.decay)
+                torch._foreach_add_(
+                    targets, torch._foreach_mul([w.detach() for _, w in floating], 1.0 - self.decay)
+                )
+            _copy([w for _, w in others], [k for k, _ in others])
+        average.n_averaged += 1  # queued on the device; checkpoints keep it as torch does
 
     def _average(self) -> AveragedModel:
         if self._average_model is None:
