@@ -39,6 +39,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from readme_tables import with_table
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -223,14 +224,10 @@ def markdown(rows: list[dict], gpus: int, header: str) -> str:
 
 
 def replace_table(table: str) -> None:
-    text = README.read_text()
-    begin, end = MARKERS
-    if begin not in text or end not in text:
-        raise SystemExit(
-            f"README.md lacks the markers {begin} ... {end}: add them where the table goes"
-        )
-    head, rest = text.split(begin, 1)
-    README.write_text(f"{head}{begin}\n{table}\n{end}{rest.split(end, 1)[1]}")
+    try:
+        README.write_text(with_table(README.read_text(), *MARKERS, table))
+    except ValueError as error:
+        raise SystemExit(f"{README}: {error}") from None
 
 
 def main() -> None:

@@ -63,9 +63,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+import readme_tables  # benchmarks/, the folder of this script, is first on sys.path
 import torch
 import torch.distributed as dist
-from gpt_plain import draw_batch  # benchmarks/, the folder of this script, is first on sys.path
+from gpt_plain import draw_batch
 from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.nn import functional as F
@@ -606,10 +607,7 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
 
 def with_table(text: str, table: str) -> str:
     """`text` (the README's) with `table` in place of whatever stood between BEGIN and END."""
-    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"no {BEGIN} ... {END} lines to write the table between: add them")
-    before, rest = text.split(BEGIN, 1)
-    return f"{before}{BEGIN}\n{table}\n{END}{rest.split(END, 1)[1]}"
+    return readme_tables.with_table(text, BEGIN, END, table)
 
 
 # ------------------------------------------------------------------------------------- the CLI

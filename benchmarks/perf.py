@@ -50,6 +50,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from readme_tables import with_table
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
@@ -537,13 +538,10 @@ def markdown_gpt(rows: list[dict[str, Any]], header: str) -> str:
 
 
 def replace_table(readme: Path, table: str, workload: str) -> None:
-    BEGIN, END = MARKERS[workload]
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} section to replace")
-    before, rest = text.split(BEGIN, 1)
-    after = rest.split(END, 1)[1]
-    readme.write_text(f"{before}{BEGIN}\n{table}\n{END}{after}")
+    try:
+        readme.write_text(with_table(readme.read_text(), *MARKERS[workload], table))
+    except ValueError as error:
+        raise SystemExit(f"{readme}: {error}") from None
 
 
 def main() -> None:
