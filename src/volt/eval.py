@@ -4,13 +4,12 @@ import logging
 import warnings
 from pathlib import Path
 
-import hydra
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from volt.build import build_evaluation
 from volt.checkpointing import read_stored_config
-from volt.config import CONF_DIR
+from volt.config.composition import hydra_main
 from volt.config.run_dirs import remove_run_dir_made_here
 from volt.config.validation import check_config, check_machine
 from volt.console import describe_setup, exit_on_config_error, print_result, route_lightning_logs
@@ -56,7 +55,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="eval")
+@hydra_main(config_name="eval", on_config_error=exit_on_config_error)
 def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)

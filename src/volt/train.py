@@ -5,13 +5,13 @@ import signal
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.errors import InstantiationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
 from volt.callbacks.finite_guard import NonFiniteLossError
-from volt.config import CONF_DIR, in_multirun
+from volt.config import in_multirun
+from volt.config.composition import hydra_main
 from volt.config.run_dirs import remove_run_dir_made_here
 from volt.console import exit_on_config_error
 from volt.data.downloads import DataNotFoundError
@@ -19,7 +19,7 @@ from volt.errors import ConfigError, TrainingOutOfMemoryError
 from volt.training import train
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+@hydra_main(config_name="train", on_config_error=exit_on_config_error)
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
