@@ -7,11 +7,12 @@ import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from volt.build import load_trained_module
+from volt.rebuild import load_trained_module
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 USER_CONF = Path(__file__).parent / "user_task_conf"
@@ -101,9 +102,24 @@ def test_a_plain_lightning_task_trains_evaluates_and_predicts(
 
 
 def test_volt_refuses_a_from_data_attribute_the_data_module_lacks(run_volt: Run) -> None:
-    result = run_volt([*USER_TASK, "+task.from_data={width:num_classes}"])
+    """An entry for an argument the model takes (LineRegressor's `hidden`, left out of its config:
+    a config that sets what from_data fills is refused before this): the data module must have
+    the attribute."""
+    result = run_volt([*USER_TASK, "+task.from_data={hidden:num_classes}", "~model.hidden"])
     assert result.returncode == 2
-    assert "task.from_data.width='num_classes': LineData has no attribute" in result.stderr
+    assert "task.from_data.hidden='num_classes': LineData has no attribute" in result.stderr
+
+
+def test_from_data_skips_what_the_model_does_not_take(compose_config: Callable[..., Any]) -> None:
+    """The default task's entries (net.in_shape, num_classes) against a model of the user's own
+    without them: left out, so the model builds as configured."""
+    from tests.user_task import LineData
+    from volt.build import arguments_from_data
+
+    cfg = compose_config("train", [f"hydra.searchpath=[file://{USER_CONF}]", "model=line"])
+    wanted = {"net.in_shape": "input_shape", "num_classes": "num_classes", "width": "size"}
+    assert arguments_from_data(wanted, LineData(), cfg.model) == {}
+    assert arguments_from_data({"hidden": "size"}, LineData(size=7), cfg.model) == {"hidden": 7}
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import copy
 import hashlib
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,12 @@ import pytest
 import torch
 import yaml
 from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from volt import build
 from volt import eval as volt_eval
 from volt import rank as rank_entry
+from volt import rebuild
 from volt.checkpointing import CHECKPOINT_KEY, AtomicCheckpointIO, CheckpointLoadError
 from volt.config import PROJECT_ROOT
 from volt.errors import ConfigError
@@ -68,8 +70,8 @@ def run_dir(outputs: Path) -> Path:
 
 
 def saves_sentinel(sentinel: Path) -> dict[str, Any]:
-    """Calls torch.save(0, sentinel): a callable neither volt nor Hydra's own policy refuses."""
-    return {"_target_": "torch.save", "_args_": [0, str(sentinel)]}
+    """Calls torch.save(0, sentinel) when built: a callable that does harm with plain kwargs."""
+    return {"_target_": "torch.save", "obj": 0, "f": str(sentinel)}
 
 
 def hub_repo(sentinel: Path) -> str:
@@ -80,20 +82,6 @@ def hub_repo(sentinel: Path) -> str:
         f"open({str(sentinel)!r}, 'w').close()\n\n\ndef entry(*args, **kwargs):\n    return None\n"
     )
     return str(repo)
-
-
-def model_target(config: dict[str, Any], sentinel: Path) -> None:
-    config["model"].update(
-        {"_target_": "torch.hub.load", "_args_": [hub_repo(sentinel), "entry"], "source": "local"}
-    )
-
-
-def data_hub(config: dict[str, Any], sentinel: Path) -> None:
-    config["data"] = {
-        "_target_": "torch.hub.load",
-        "_args_": [hub_repo(sentinel), "entry"],
-        "source": "local",
-    }
 
 
 def setter(path: str, value: Callable[[Path], Any]) -> Payload:
@@ -109,54 +97,136 @@ def setter(path: str, value: Callable[[Path], Any]) -> Payload:
     return payload
 
 
-def chain(target: str) -> Callable[[Path], Any]:
-    return lambda sentinel: {"_target_": target, "_args_": [0, str(sentinel)]}
+def calls(target: str, **arguments: Any) -> Callable[[Path], Any]:
+    """A `_target_` node for `target` whose arguments hold a sentinel-writing payload: built
+    recursively, the payload runs whether or not `target` would do harm itself."""
+    return lambda sentinel: {"_target_": target, **arguments, "payload": saves_sentinel(sentinel)}
 
 
 def created(sentinel: Path) -> str:
     # oc.create makes a node of its text when resolved: a `_target_` no walk of the file sees.
-    return f"${{oc.create:{{_target_: torch.save, _args_: [0, '{sentinel}']}}}}"
-
-
-def reference(config: dict[str, Any], sentinel: Path) -> None:
-    config["payload"] = saves_sentinel(sentinel)
-    config["model"]["net"]["dropout"] = "${payload}"  # resolved, a copy of the payload
+    return f"${{oc.create:{{_target_: torch.save, obj: 0, f: '{sentinel}'}}}}"
 
 
 def widening(config: dict[str, Any], sentinel: Path) -> None:
-    config["trusted_targets"] = ["torch"]  # would allow torch.save, if eval listened to it
+    config["trusted_targets"] = ["torch", "a_payload"]  # if eval listened to the file's own list
     config["model"]["net"]["dropout"] = saves_sentinel(sentinel)
 
 
+def hub_model(config: dict[str, Any], sentinel: Path) -> None:
+    repo = hub_repo(sentinel)
+    config["model"] = {"_target_": "torch.hub.load", "repo_or_dir": repo, "model": "entry"}
+    config["model"]["source"] = "local"
+
+
+def copies_a_secret(config: dict[str, Any], sentinel: Path) -> None:
+    """The text data module reading a file the user keeps private into a cache of the file's
+    choosing (the sentinel is that cache folder)."""
+    secret = sentinel.parent / "id_rsa"
+    secret.write_text("-----BEGIN PRIVATE KEY-----\n")
+    config["data"] = {
+        "_target_": "volt.data.text_bytes.TextBytesDataModule",
+        "files": [str(secret)],
+        "cache_dir": str(sentinel),
+        "block_size": 4,
+    }
+
+
+def a_function(config: dict[str, Any], sentinel: Path) -> None:
+    config["model"]["net"]["dropout"] = {"_target_": "a_payload.write", "path": str(sentinel)}
+
+
+def not_a_module(config: dict[str, Any], sentinel: Path) -> None:
+    config["model"]["net"] = {"_target_": "a_payload.Writer", "path": str(sentinel)}
+
+
+VOLT_FUNCTIONS = [
+    "volt.build.build_model",
+    "volt.build.build_datamodule",
+    "volt.build.instantiate_checked",
+    "volt.rebuild.load_trained_module",
+    "volt.training.train",
+    "volt.eval.evaluate",
+    "volt.checkpointing.read_stored_config",
+    "volt.console.print_config_tree",
+    "volt.runs.records.write_metrics",
+    "volt.strategies.launcher.reserve_rendezvous_port",
+]
 CASES: list[tuple[str, Payload, str]] = [
     # (id, payload, start of the refusal after "volt: config error: ")
-    ("model target", model_target, "model: _target_=torch.hub.load is not allowed"),
-    ("nested in net", setter("model.net.dropout", saves_sentinel), "model.net.dropout: _target_"),
+    # 1. code: a target of the file's choosing
+    ("torch.save in net", setter("model.net.dropout", saves_sentinel), "model.net.dropout: _targ"),
+    ("unused argument", setter("model.net.unused", saves_sentinel), "model.net.unused: _target_"),
     ("in optimizer", setter("model.optimizer.lr", saves_sentinel), "model.optimizer.lr: _target_"),
     ("in scheduler", setter("model.scheduler.T_max", saves_sentinel), "model.scheduler.T_max:"),
     ("in data", setter("data.split_seed", saves_sentinel), "data.split_seed: _target_=torch.save"),
-    ("in _args_", setter("model.net._args_", lambda s: [saves_sentinel(s)]), "model.net._args_[0]"),
     (
         "in a list",
         setter("model.net.hidden_sizes", lambda s: [8, saves_sentinel(s)]),
         "model.net.hidden_sizes[1]: _target_=torch.save is not allowed",
     ),
+    ("torch.hub.load", hub_model, "model: _target_=torch.hub.load is not allowed"),
+    *(
+        (
+            function,
+            setter("model.net", calls(function)),
+            f"model.net: _target_={function} is not allowed",
+        )
+        for function in VOLT_FUNCTIONS
+    ),
+    (
+        "ddp strategy as net",
+        setter("model.net", calls("volt.strategies.ddp.DDPStrategy", rank_config="x")),
+        "model.net: _target_=volt.strategies.ddp.DDPStrategy is not allowed",
+    ),
     (
         "attribute chain",
-        setter("model.net.dropout", chain("torch.optim.optimizer.torch.save")),
-        "model.net.dropout: _target_=torch.optim.optimizer.torch.save is not allowed: it is torch.",
+        setter("model.net.dropout", calls("torch.nn.modules.linear.torch.save", obj=0, f="x")),
+        "model.net.dropout: _target_=torch.nn.modules.linear.torch.save is not allowed: it is",
     ),
     (
-        "chain through volt",
-        setter("model.net.dropout", chain("volt.checkpointing.stored_config.torch.save")),
-        "model.net.dropout: _target_=volt.checkpointing.stored_config.torch.save is not",
+        "torch.nn outside its layers",
+        setter("model.net", calls("torch.nn.parallel.DataParallel")),
+        "model.net: _target_=torch.nn.parallel.DataParallel is not allowed: it is defined in",
     ),
-    ("torch.hub.load", data_hub, "data: _target_=torch.hub.load is not allowed"),
-    ("interpolation", setter("model.net.dropout", created), 'model.net.dropout: "${oc.create:'),
-    ("reference", reference, "model.net.dropout: '${payload}' is not allowed"),
+    ("trusted function", a_function, "model.net.dropout: _target_=a_payload.write is not allowed"),
+    ("not a module", not_a_module, "model.net: _target_=a_payload.Writer is not allowed: a stor"),
     ("stored trust", widening, "model.net.dropout: _target_=torch.save is not allowed"),
+    (
+        "_args_",
+        setter(
+            "model.net", lambda s: {"_target_": "torch.nn.Linear", "_args_": [saves_sentinel(s)]}
+        ),
+        "model.net._args_ is not allowed",
+    ),
+    (
+        "_recursive_",
+        setter("model.net", lambda s: {**calls("torch.nn.Identity")(s), "_recursive_": True}),
+        "model.net._recursive_ is not allowed",
+    ),
+    ("interpolation", setter("model.net.dropout", created), 'model.net.dropout: "${oc.create:'),
+    # 3. places: a data module reading and writing where the file says
+    ("copies a secret", copies_a_secret, "data.files[0]="),
 ]
 IDS = [case[0] for case in CASES]
+# Cases whose target the command line trusts (a_payload), so that only the narrow rebuild rules
+# (classes of a buildable kind) stand between the file and the payload.
+TRUSTING = {"trusted function", "not a module", "stored trust"}
+
+
+@pytest.fixture(autouse=True)
+def a_payload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A package `a_payload` of the user's, trusted on the command line in TRUSTING cases: a
+    function and a plain class, each writing the file it is given."""
+    package = tmp_path / "pkg" / "a_payload"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from pathlib import Path\n\n\ndef write(path):\n    Path(path).touch()\n\n\n"
+        "class Writer:\n    def __init__(self, path):\n        Path(path).touch()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    yield
+    sys.modules.pop("a_payload", None)
 
 
 def craft(genuine: Path, payload: Payload, directory: Path) -> tuple[Path, Path]:
@@ -199,8 +269,13 @@ def assert_refused(code: int, err: str, message: str, sentinel: Path) -> None:
     assert not sentinel.exists()
 
 
-@pytest.mark.parametrize(("payload", "message"), [c[1:] for c in CASES], ids=IDS)
+def trust_for(case: str) -> list[str]:
+    return ["trusted_targets=[a_payload]"] if case in TRUSTING else []
+
+
+@pytest.mark.parametrize(("case", "payload", "message"), CASES, ids=IDS)
 def test_crafted_checkpoint_is_refused(
+    case: str,
     payload: Payload,
     message: str,
     run_dir: Path,
@@ -210,30 +285,30 @@ def test_crafted_checkpoint_is_refused(
 ) -> None:
     crafted, sentinel = craft(run_dir / "checkpoints" / "last.ckpt", payload, tmp_path)
     before = snapshot(outputs)
-    code, err = run_eval([f"ckpt_path={crafted}"])
+    code, err = run_eval([f"ckpt_path={crafted}", *trust_for(case)])
     assert_refused(code, err, message, sentinel)
     assert snapshot(outputs) == before
     assert not (outputs / "eval").exists()
 
 
-@pytest.mark.parametrize("payload", [c[1] for c in CASES], ids=IDS)
+@pytest.mark.parametrize(("case", "payload"), [c[:2] for c in CASES], ids=IDS)
 def test_payload_runs_without_the_check(
+    case: str,
     payload: Payload,
     run_dir: Path,
     tmp_path: Path,
     compose_config: Callable[..., DictConfig],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The control: with the allow-list taken out of build.py, volt's own rebuild runs each
-    payload (and usually fails after it, on the value the payload returned)."""
+    """The control: with the stored-config check taken out of volt.rebuild, volt's own rebuild
+    runs each payload (and usually fails after it, on the value the payload returned)."""
     crafted, sentinel = craft(run_dir / "checkpoints" / "last.ckpt", payload, tmp_path / "c")
-    monkeypatch.setattr(build, "check_stored_config", lambda config, trusted: None)
-    monkeypatch.setattr(build, "check_targets", lambda config, trusted: None)
-    cfg = compose_config("eval", [f"ckpt_path={crafted}"])
-    stored = volt_eval.load_run_config(str(crafted))
+    monkeypatch.setattr(rebuild, "check_stored_sections", lambda *args, **kwargs: None)
+    cfg = compose_config("eval", [f"ckpt_path={crafted}", *trust_for(case)])
     # What a payload returns is no valid argument: the build fails, after the payload ran.
     with contextlib.suppress(Exception):
-        build.build_evaluation(cfg, stored)
+        run = rebuild.build_evaluation(cfg, rebuild.read_evaluated_run(cfg))
+        run.datamodule.prepare_data()  # where a data module reads and caches its files
     assert sentinel.exists()
 
 
@@ -241,9 +316,21 @@ def test_trusted_targets_on_the_command_line_widen_the_list(
     run_dir: Path, tmp_path: Path, run_eval: Callable[..., tuple[int, str]]
 ) -> None:
     """What the checkpoint's own list cannot do, the command line can (so the check above is what
-    stopped the payload, not an accident of the payload)."""
-    crafted, sentinel = craft(run_dir / "checkpoints" / "last.ckpt", widening, tmp_path)
-    run_eval([f"ckpt_path={crafted}", "trusted_targets=[torch]"])
+    stopped the payload, not an accident of the payload): a trusted package's nn.Module class."""
+    sentinel = tmp_path / "w" / "sentinel"
+    module = tmp_path / "pkg" / "a_payload" / "__init__.py"
+    module.write_text(
+        module.read_text()
+        + "\n\nimport torch\n\n\nclass Net(torch.nn.Identity):\n"
+        + "    def __init__(self, **kwargs):\n        super().__init__()\n"
+        + f"        Path({str(sentinel)!r}).touch()\n"
+    )
+
+    def trusted_net(config: dict[str, Any], sentinel: Path) -> None:
+        config["model"]["net"]["dropout"] = {"_target_": "a_payload.Net"}
+
+    crafted, _ = craft(run_dir / "checkpoints" / "last.ckpt", trusted_net, tmp_path / "w")
+    run_eval([f"ckpt_path={crafted}", "trusted_targets=[a_payload]"])
     assert sentinel.exists()
 
 
@@ -262,7 +349,7 @@ def test_eval_trainer_loads_weights_only(
     """trainer.test(ckpt_path=...) loads through eval's Trainer: a pickled payload is refused."""
     genuine = run_dir / "checkpoints" / "last.ckpt"
     cfg = compose_config("eval", [f"ckpt_path={genuine}"])
-    run = build.build_evaluation(cfg, volt_eval.load_run_config(str(genuine)))
+    run = rebuild.build_evaluation(cfg, rebuild.read_evaluated_run(cfg))
     checkpoint_io = run.trainer.strategy.checkpoint_io
     assert isinstance(checkpoint_io, AtomicCheckpointIO)
     sentinel = tmp_path / "sentinel"
@@ -285,7 +372,7 @@ class OpensFile:
         return (open, (self.path, "w"))
 
 
-REAL_PROCESS_CASES = ["model target", "attribute chain", "interpolation"]
+REAL_PROCESS_CASES = ["torch.hub.load", "attribute chain", "interpolation"]
 
 
 @pytest.mark.slow  # three interpreters importing torch and Lightning: 30-90 s on 2 cores
@@ -322,15 +409,20 @@ def tamper(run_dir: Path, directory: Path, change: Callable[[dict[str, Any]], No
     return directory / "config_resolved.yaml"
 
 
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
         (setter("model.net.dropout", saves_sentinel), "model.net.dropout: _target_=torch.save is"),
         (setter("trainer.max_epochs", saves_sentinel), "trainer.max_epochs: _target_=torch.save"),
         (setter("model.net.dropout", created), 'model.net.dropout: "${oc.create:'),
-        (model_target, "model: _target_=torch.hub.load is not allowed"),
+        (hub_model, "model: _target_=torch.hub.load is not allowed"),
+        (setter("model.net", calls("volt.training.train")), "model.net: _target_=volt.training"),
     ],
-    ids=["net", "trainer", "interpolation", "model target"],
+    ids=["net", "trainer", "interpolation", "model target", "volt function"],
 )
 def test_ddp_rank_refuses_a_tampered_run_config(
     payload: Payload,
@@ -340,30 +432,177 @@ def test_ddp_rank_refuses_a_tampered_run_config(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Even a file with the digest rank 0 gave (a tampered config rank 0 itself read) is checked
+    as data before anything is built."""
     sentinel = tmp_path / "sentinel"
     rank_config = tamper(run_dir, tmp_path / "run", lambda config: payload(config, sentinel))
-    monkeypatch.setattr(sys, "argv", ["rank_entry", str(rank_config), "1"])
+    argv = ["rank_entry", str(rank_config), digest(rank_config), "1"]
+    monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as exit:
         rank_entry.main()
     assert_refused(int(exit.value.code or 0), capsys.readouterr().err, message, sentinel)
     assert sorted(p.name for p in rank_config.parent.iterdir()) == ["config_resolved.yaml"]
 
 
-def test_ddp_rank_reads_a_genuine_run_config(run_dir: Path) -> None:
-    cfg = rank_entry.read_run_config(run_dir / "config_resolved.yaml", [])
-    assert OmegaConf.select(cfg, "model.net._target_") == "volt.nets.mlp.MLP"
-
-
-def test_ddp_rank_ignores_the_files_own_trusted_targets(
-    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_ddp_rank_trains_only_the_file_rank_0_started_it_with(
+    run_dir: Path, tmp_path: Path
 ) -> None:
+    rank_config = tamper(run_dir, tmp_path / "run", lambda config: None)
+    expected = digest(rank_config)
+    cfg = rank_entry.read_run_config(rank_config, expected, [])
+    assert OmegaConf.select(cfg, "model.net._target_") == "volt.nets.mlp.MLP"
+    rank_config.write_text(rank_config.read_text().replace("dropout: 0.1", "dropout: 0.2"))
+    with pytest.raises(ConfigError, match="not the config rank 0 started this rank with"):
+        rank_entry.read_run_config(rank_config, expected, [])
+
+
+def test_ddp_rank_ignores_the_files_own_trusted_targets(run_dir: Path, tmp_path: Path) -> None:
     sentinel = tmp_path / "sentinel"
 
     def widen(config: dict[str, Any]) -> None:
         config["trusted_targets"] = ["torch"]
-        config["model"]["net"]["dropout"] = {"_target_": "torch.save", "obj": 1, "f": str(sentinel)}
+        config["model"]["net"]["dropout"] = saves_sentinel(sentinel)
 
     rank_config = tamper(run_dir, tmp_path / "run", widen)
     with pytest.raises(ConfigError, match=r"torch\.save is not allowed"):
-        rank_entry.read_run_config(rank_config, [])
+        rank_entry.read_run_config(rank_config, digest(rank_config), [])
     assert not sentinel.exists()
+
+
+IGNORED_SECTIONS = ["trainer", "callbacks", "logger", "paths", "task", "hydra", "tune"]
+
+
+def test_what_volt_does_not_rebuild_is_never_read(
+    run_dir: Path, outputs: Path, tmp_path: Path, run_eval: Callable[..., tuple[int, str]]
+) -> None:
+    """Payloads in every section but model and data (a nested training run, a logger posting to
+    a server of the file's choosing, a task whose from_data writes `_target_`, an environment
+    read, paths): the eval runs as with the genuine file, and none of them runs."""
+    sentinels = {section: tmp_path / f"sentinel_{section}" for section in IGNORED_SECTIONS}
+
+    def everywhere(config: dict[str, Any], _: Path) -> None:
+        for section, sentinel in sentinels.items():
+            config[section] = {"payload": saves_sentinel(sentinel), "home": "${oc.env:HOME}"}
+        config["task"]["from_data"] = {"net._target_": "train_set", "_target_": "val_set"}
+        config["task"]["module"] = "no.such.submodule"
+        config["trusted_targets"] = ["torch", "os"]
+
+    crafted, _ = craft(run_dir / "checkpoints" / "last.ckpt", everywhere, tmp_path / "c")
+    code, err = run_eval([f"ckpt_path={crafted}", "name=ignored"])
+    assert code == 0, err
+    assert not any(sentinel.exists() for sentinel in sentinels.values())
+    files = (outputs / "eval" / "runs" / "ignored").rglob("*")
+    written = "".join(p.read_text(errors="replace") for p in files if p.is_file())
+    assert str(Path.home()) not in written
+    # The control: each payload is live, built on its own.
+    checkpoint = torch.load(crafted, weights_only=True)
+    instantiate(checkpoint[CHECKPOINT_KEY]["trainer"]["payload"])
+    assert sentinels["trainer"].exists()
+
+
+def test_a_net_far_larger_than_its_weights_is_refused_before_memory_is_taken(
+    run_dir: Path, tmp_path: Path, run_eval: Callable[..., tuple[int, str]]
+) -> None:
+    """2 x 200,000 hidden units: 160 GB of float32 weights, refused from shapes alone."""
+    crafted, _ = craft(
+        run_dir / "checkpoints" / "last.ckpt",
+        setter("model.net.hidden_sizes", lambda _: [200_000, 200_000]),
+        tmp_path,
+    )
+    started = time.monotonic()
+    code, err = run_eval([f"ckpt_path={crafted}"])
+    assert code == 2, err
+    assert "model: the checkpoint's config makes net.layers.1.weight of shape (200000, 64)" in err
+    assert time.monotonic() - started < 60  # the import and compose of one eval, no allocation
+
+
+def test_a_module_asking_for_more_memory_than_its_weights_is_refused(
+    run_dir: Path, tmp_path: Path, compose_config: Callable[..., DictConfig]
+) -> None:
+    """Same names and shapes, but a buffer the weights do not hold (non-persistent)."""
+    genuine = run_dir / "checkpoints" / "last.ckpt"
+    cfg = compose_config("eval", [f"ckpt_path={genuine}"])
+    stored = rebuild.read_evaluated_run(cfg)
+    twin = torch.nn.Module()
+    for name, tensor in stored.weights.items():
+        *parents, last = name.split(".")
+        owner = twin
+        for part in parents:
+            if not hasattr(owner, part):
+                owner.add_module(part, torch.nn.Module())
+            owner = getattr(owner, part)
+        owner.register_buffer(last, torch.empty(tensor.shape, device="meta"))
+    twin.register_buffer("scratch", torch.empty(2**30, device="meta"), persistent=False)  # 4 GiB
+    with pytest.raises(ConfigError, match=r"builds a module of 4,096 MiB, its weights hold"):
+        rebuild._check_against_weights(twin, stored.weights)
+
+
+def test_load_trained_module_checks_the_file_like_eval(run_dir: Path, tmp_path: Path) -> None:
+    genuine = run_dir / "checkpoints" / "last.ckpt"
+    module, _ = rebuild.load_trained_module(genuine)
+    weights = torch.load(genuine, weights_only=True)["state_dict"]
+    assert all(torch.equal(v, weights[k]) for k, v in module.state_dict().items())
+    crafted, sentinel = craft(genuine, setter("model.net.unused", saves_sentinel), tmp_path)
+    with pytest.raises(ConfigError, match=r"model\.net\.unused: _target_=torch\.save is not"):
+        rebuild.load_trained_module(crafted)
+    assert not sentinel.exists()
+
+
+def test_an_environment_read_in_the_model_needs_allow_env(
+    run_dir: Path,
+    tmp_path: Path,
+    run_eval: Callable[..., tuple[int, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VOLT_TEST_SECRET", "hunter2")
+    crafted, _ = craft(
+        run_dir / "checkpoints" / "last.ckpt",
+        setter("model.net.dropout", lambda _: "${oc.env:VOLT_TEST_SECRET}"),
+        tmp_path / "plain",
+    )
+    code, err = run_eval([f"ckpt_path={crafted}", "allow_env=[VOLT_TEST_SECRET]"])
+    assert code == 2 and "model.net.dropout: '${oc.env:VOLT_TEST_SECRET}' is not allowed" in err
+    crafted, _ = craft(
+        run_dir / "checkpoints" / "last.ckpt",
+        setter("model.net.api_key", lambda _: "${oc.env:VOLT_TEST_SECRET}"),
+        tmp_path / "secret",
+    )
+    code, err = run_eval([f"ckpt_path={crafted}"])
+    assert code == 2 and "add allow_env=[VOLT_TEST_SECRET] to your command" in err
+    assert "hunter2" not in err
+
+
+@pytest.mark.slow  # a DDP run over two gloo processes, twice: about a minute on 2 cores
+def test_ddp_ranks_of_a_resumed_handed_over_run_train_rank_0s_config(tmp_path: Path) -> None:
+    """A run directory someone handed over holds a crafted config_resolved.yaml: resuming it under
+    trainer=ddp, rank 0 writes its own before the ranks start, and they read only that one."""
+    outputs = tmp_path / "outputs"
+    common = [
+        "name=handed",
+        "trainer=ddp",
+        "trainer.devices=2",
+        "callbacks.progress_bar=null",
+        "callbacks.model_summary=null",
+        "logger=none",
+        "test=false",
+        f"paths.outputs_dir={outputs}",
+    ]
+
+    def train(steps: int) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "train.py", f"trainer.max_steps={steps}", *common]
+        return subprocess.run(
+            command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
+        )
+
+    first = train(12)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = outputs / "train" / "runs" / "handed"
+    sentinel = tmp_path / "sentinel"
+    config = yaml.safe_load((run_dir / "config_resolved.yaml").read_text())
+    config["model"]["net"]["dropout"] = saves_sentinel(sentinel)
+    (run_dir / "config_resolved.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "metrics.json").unlink()
+    second = train(24)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert not sentinel.exists()
+    assert "torch.save" not in (run_dir / "config_resolved.yaml").read_text()

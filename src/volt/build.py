@@ -12,6 +12,8 @@ channels_last -> the SyncBatchNorm choice -> compile; Lightning then distributes
 
 import copy
 import functools
+import inspect
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,27 +31,20 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
-from volt.callbacks.prediction_writer import CSVPredictionWriter
+from volt.callbacks.restored_paths import RestoredPathsCheck
 from volt.callbacks.rng_state import RNGStateInCheckpoint
+from volt.callbacks.watched_metric import WatchedMetricCheck
 from volt.callbacks.weight_averaging import ExponentialMovingAverage
-from volt.checkpointing import AtomicCheckpointIO, read_stored_config
-from volt.config.targets import check_stored_config, check_targets
+from volt.checkpointing import AtomicCheckpointIO
+from volt.config.redaction import redacted_container
+from volt.config.targets import check_targets, locate_checked
 from volt.errors import ConfigError
 from volt.gpu import apply_compile
 from volt.strategies.fsdp import FSDPStrategy
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
 from volt.sweeps.pruning import TrialLink, TrialPruning, default_pruner, trial_in_environment
 
-# The task of checkpoints written before conf/task/ existed (volt before 2026-11-23): what
-# build_model then passed every model. Delete once such checkpoints need not be evaluated.
-CLASSIFICATION_BEFORE_TASKS = {
-    "from_data": {
-        "net.in_shape": "input_shape",
-        "net.num_classes": "num_classes",
-        "num_classes": "num_classes",
-    },
-    "module": "net",
-}
+log = logging.getLogger("volt")
 
 
 @dataclass
@@ -73,12 +68,16 @@ def build_datamodule(
 
 
 def arguments_from_data(
-    from_data: Mapping[str, str], datamodule: pl.LightningDataModule
+    from_data: Mapping[str, str], datamodule: pl.LightningDataModule, model: DictConfig
 ) -> dict[str, Any]:
     """{"net.in_shape": "input_shape"} -> {"net.in_shape": datamodule.input_shape}: what one model
-    config needs to fit every data set (shapes, class counts, vocabulary sizes)."""
+    config needs to fit every data set (shapes, class counts, vocabulary sizes). An entry the model
+    does not take (neither its config nor its class has that argument: a model of the user's own
+    under the default task) is left out; one it takes that the data module lacks is refused."""
     values = {}
     for key, attribute in from_data.items():
+        if not _model_takes(model, key):
+            continue
         if not hasattr(datamodule, attribute):
             raise ConfigError(
                 f"task.from_data.{key}={attribute!r}: {type(datamodule).__name__} has no attribute"
@@ -90,6 +89,26 @@ def arguments_from_data(
     return values
 
 
+def _model_takes(model: DictConfig, key: str) -> bool:
+    """The model config has `key` (dotted), or the class of the section it lands in takes it.
+    (A config that sets what from_data fills is refused earlier: volt.config.keys.)"""
+    *parents, name = key.split(".")
+    node: Any = model
+    for part in parents:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+        if node is None:
+            return False
+    if not isinstance(node, DictConfig):
+        return False
+    if name in node:
+        return True
+    target = node.get("_target_")
+    if not isinstance(target, str):
+        return False
+    taken = inspect.signature(locate_checked(key, target)).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in taken)
+
+
 def build_model(
     model: DictConfig,
     datamodule: pl.LightningDataModule,
@@ -98,29 +117,36 @@ def build_model(
 ) -> pl.LightningModule:
     """The LightningModule, its nested parts (a net, optimiser partials) built by Hydra, with the
     arguments `from_data` names filled in from the data module."""
+    return instantiate_checked(model_with_data(model, datamodule, from_data), trusted)
+
+
+def model_with_data(
+    model: DictConfig, datamodule: pl.LightningDataModule, from_data: Mapping[str, str]
+) -> DictConfig:
+    """A copy of the model config with the arguments `from_data` names filled in: what the run
+    really builds, and what its checkpoints store."""
     model = copy.deepcopy(model)
     with open_dict(model):
-        for key, value in arguments_from_data(from_data, datamodule).items():
+        for key, value in arguments_from_data(from_data, datamodule, model).items():
             OmegaConf.update(model, key, value, force_add=True)
-    return instantiate_checked(model, trusted)
+    return model
 
 
 def toggled_module(model: pl.LightningModule, path: str | None) -> nn.Module:
     """The part of `model` that compile and channels_last act on: `task.module` (e.g. `net`), or
-    the whole LightningModule."""
-    if not path:
-        return model
+    the whole LightningModule when the path is null or the model has no such submodule (a model
+    of the user's own under the default task)."""
     module: Any = model
-    try:
-        for part in path.split("."):
-            module = getattr(module, part)
-    except AttributeError as error:
-        raise ConfigError(
-            f"task.module={path!r}: {type(model).__name__} has no submodule {path!r}: set"
-            " task.module=null to compile the whole LightningModule"
-        ) from error
+    for part in path.split(".") if path else []:
+        module = getattr(module, part, None)
     if not isinstance(module, nn.Module):
-        raise ConfigError(f"task.module={path!r} is a {type(module).__name__}, not an nn.Module")
+        log.info(
+            "task.module=%r: %s has no such submodule; compile and channels_last act on the"
+            " whole LightningModule",
+            path,
+            type(model).__name__,
+        )
+        return model
     return module
 
 
@@ -162,7 +188,11 @@ def build_trainer(
 ) -> pl.Trainer:
     """The Trainer of `cfg.trainer` with `cfg.callbacks` and `cfg.logger`, for training and
     evaluation alike. What volt adds is merged with what the config gives, never written over it."""
-    callbacks = build_callbacks(cfg.get("callbacks"), trusted) + list(extra_callbacks)
+    # First: it takes early stopping and the best checkpoint away before they miss their metric.
+    callbacks = [WatchedMetricCheck(), *build_callbacks(cfg.get("callbacks"), trusted)]
+    callbacks += extra_callbacks
+    # A checkpoint's callback states are data: none may point Lightning at files outside the run.
+    callbacks.append(RestoredPathsCheck())
     loggers = build_loggers(cfg.get("logger"), trusted)
     if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
@@ -222,73 +252,20 @@ def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects
     # The whole config at once: full key names in the message, and nothing built before it.
     check_targets(cfg, trusted)
     datamodule = build_datamodule(cfg.data, trusted)
-    model = build_model(cfg.model, datamodule, cfg.task.from_data, trusted)
+    model_cfg = model_with_data(cfg.model, datamodule, cfg.task.from_data)
+    # Checkpoints store the model as built, the data module's values in place: eval and
+    # load_trained_module rebuild it from the file without a task (volt.rebuild).
+    resolved["model"] = redacted_container(model_cfg)
+    model = instantiate_checked(model_cfg, trusted)
     plugins = apply_toggles(cfg, model)
     # The resolved config in every checkpoint (`volt.eval` rebuilds the run from it alone), and
     # the random generators' states, so a resumed run draws what an unbroken one would.
     extra = [ConfigInCheckpoint(resolved), RNGStateInCheckpoint()]
     if cfg.get("ema") is not None:
         # Validation, the checkpoints and test see the average: volt.callbacks.weight_averaging.
-        extra.append(ExponentialMovingAverage(cfg.ema))
+        extra.append(ExponentialMovingAverage(cfg.ema, warmup=cfg.ema_warmup))
     extra += build_trial_pruning(cfg.task.watch)
     trainer = build_trainer(cfg, trusted, extra, plugins)
     if isinstance(trainer.strategy, FSDPStrategy):
         trainer.strategy.check_module(model)  # its `wrap` against this model, before ranks start
     return TrainingObjects(datamodule, model, trainer)
-
-
-def build_evaluation(cfg: DictConfig, stored: DictConfig) -> TrainingObjects:
-    """Data, model and task as the checkpoint's run had them (the data replaced by `cfg.data` when
-    the command names one, to predict on new data); trainer, callbacks, loggers, precision and
-    compile from `cfg`, through the same functions as training.
-
-    `stored` comes from a file someone may have handed over: it is checked as a whole first (full
-    key names in the message, nothing built yet), against this command's trusted_targets only,
-    never the list the checkpoint carries."""
-    trusted = cfg.trusted_targets
-    check_stored_config(stored, trusted)
-    task = stored.get("task") or OmegaConf.create(CLASSIFICATION_BEFORE_TASKS)
-    stored = copy.deepcopy(stored)
-    with open_dict(stored):
-        # Before 2026-11-23 channels_last was an argument of volt's Classifier.
-        channels_last = stored.model.pop("channels_last", False) or stored.get("channels_last")
-    data = cfg.data if cfg.get("data") is not None else stored.data
-    given = (("batch_size", cfg.batch_size), ("root", cfg.data_root), ("prompt", cfg.prompt))
-    overrides = {k: v for k, v in given if v}
-    datamodule = build_datamodule(data, trusted, **overrides)
-    model = build_model(stored.model, datamodule, task.from_data, trusted)
-    toggles = OmegaConf.create(
-        {
-            "task": task,
-            "compile": cfg.compile,
-            "channels_last": bool(channels_last),
-            "trainer": {"sync_batchnorm": False},  # one process: nothing to synchronise
-        }
-    )
-    plugins = apply_toggles(toggles, model)
-    cfg = copy.deepcopy(cfg)
-    with open_dict(cfg):
-        cfg.trainer.precision = cfg.precision or stored.precision  # null: as trained
-    writer = [CSVPredictionWriter(cfg.paths.output_dir)] if cfg.mode == "predict" else []
-    return TrainingObjects(datamodule, model, build_trainer(cfg, trusted, writer, plugins))
-
-
-def load_trained_module(
-    ckpt_path: str | Path, trusted: Sequence[str] = ()
-) -> tuple[pl.LightningModule, pl.LightningDataModule]:
-    """A volt checkpoint's LightningModule with its trained weights, and the data module it was
-    built against, from the file alone: what `Classifier.load_from_checkpoint` cannot do, since a
-    module's nets and optimiser factories are arguments, not hyperparameters (only plain values
-    are, so that checkpoints load with weights_only=True). The stored config is checked against
-    `trusted` like eval's."""
-    stored = OmegaConf.create(read_stored_config(Path(ckpt_path)))
-    check_stored_config(stored, trusted)
-    task = stored.get("task") or OmegaConf.create(CLASSIFICATION_BEFORE_TASKS)
-    datamodule = build_datamodule(stored.data, trusted)
-    model = stored.model.copy()
-    with open_dict(model):
-        model.pop("channels_last", None)  # a Classifier argument before 2026-11-23
-    module = build_model(model, datamodule, task.from_data, trusted)
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    module.load_state_dict(checkpoint["state_dict"])
-    return module, datamodule

@@ -5,32 +5,24 @@ import warnings
 from pathlib import Path
 
 from hydra.errors import InstantiationException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from volt.build import build_evaluation
-from volt.checkpointing import read_stored_config
 from volt.config.composition import hydra_main
 from volt.config.run_dirs import remove_run_dir_made_here
 from volt.config.validation import check_config, check_machine
 from volt.console import describe_setup, exit_on_config_error, print_result, route_lightning_logs
 from volt.data.downloads import DataNotFoundError
 from volt.errors import ConfigError
+from volt.rebuild import build_evaluation, read_evaluated_run
 from volt.runs.records import write_metrics
 
 log = logging.getLogger("volt")
 
 
-def load_run_config(ckpt_path: str) -> DictConfig:
-    try:
-        return OmegaConf.create(read_stored_config(Path(ckpt_path)))
-    except Exception as error:  # unreadable, truncated, or not volt's: the user needs the file name
-        raise ConfigError(f"ckpt_path={ckpt_path!r} cannot be used: {error}") from error
-
-
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_config(cfg)
     check_machine(cfg)
-    stored = load_run_config(cfg.ckpt_path)
+    stored = read_evaluated_run(cfg)
     route_lightning_logs()
     # Lightning 2.6 warns that the checkpoint's training callbacks (checkpointing, early stopping)
     # are absent: evaluation needs none of them, so the warning only misleads here.

@@ -13,15 +13,14 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from volt.checkpointing import read_stored_config
 from volt.config import in_multirun
 from volt.config.keys import check_added_keys, check_target_arguments
 from volt.config.redaction import refuse_literal_secrets, typed_overrides
 from volt.config.run_dirs import check_run_dir, note_new_run_dir
-from volt.config.targets import check_stored_config
-from volt.config.validation import check_checkpoint, check_config, check_machine
+from volt.config.validation import check_config, check_machine
 from volt.console import exit_on_config_error
 from volt.errors import ConfigError
+from volt.rebuild import read_evaluated_run
 from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
 from volt.runs.records import record_failure
 from volt.runs.resume import check_same_run
@@ -129,11 +128,9 @@ class VoltCallback(Callback):
             check_run_dir(config)
             check_machine(config)
             if "ckpt_path" in config:  # eval
-                check_checkpoint(config)
                 # The checkpoint's config is data: refused here before Hydra makes the run
                 # directory, against this command's trusted_targets, never the checkpoint's own.
-                stored = read_stored_config(Path(config.ckpt_path))
-                check_stored_config(stored, config.trusted_targets)
+                read_evaluated_run(config)
             elif config.get("name") and not multirun:
                 run_dir = Path(config.hydra.run.dir)
                 neutral = config.hydra.job.config.override_dirname.exclude_keys

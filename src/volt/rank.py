@@ -1,4 +1,4 @@
-"""`python -m volt.rank CONFIG RANK [TRUSTED ...]`: one extra rank of a DDP run.
+"""`python -m volt.rank CONFIG SHA256 RANK [TRUSTED ...]`: one extra rank of a DDP run.
 
 The launcher in `volt.strategies.ddp` starts it with Lightning's variables set (LOCAL_RANK,
 NODE_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). CONFIG is the run's resolved config, so this
@@ -6,6 +6,7 @@ process trains exactly what rank 0 trains, with the same `volt.train.train`. No 
 no run directory of its own, and nothing written but `<run dir>/train_rank<RANK>.log`.
 """
 
+import hashlib
 import logging
 import os
 import sys
@@ -36,14 +37,22 @@ def configure_logging(log_file: Path, rank: int) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[to_file, to_console], force=True)
 
 
-def read_run_config(config_file: Path, trusted_targets: list[str]) -> DictConfig:
-    """The run's resolved config, checked as data before anything is built or written: a file in
-    the run directory is trusted no more than a checkpoint (`volt.config.targets`). Checked as
-    read, unresolved: an interpolation is refused before a resolver runs.
+def read_run_config(config_file: Path, digest: str, trusted_targets: list[str]) -> DictConfig:
+    """The run's resolved config as rank 0 wrote it for this run: its SHA-256 must be `digest`,
+    which rank 0 computed as it started this process, so a file left in a run directory by
+    someone else (a handed-over run being resumed) is never what a rank trains. Then checked as
+    data all the same, unresolved (`volt.config.targets`): an interpolation is refused before a
+    resolver runs.
 
     `trusted_targets` is rank 0's list, from this process's command line; the file's own list
     does not count (a file must not widen its own allow-list)."""
-    cfg = OmegaConf.load(config_file)
+    text = config_file.read_bytes()
+    if hashlib.sha256(text).hexdigest() != digest:
+        raise ConfigError(
+            f"{config_file} is not the config rank 0 started this rank with (its SHA-256"
+            " differs): it changed after the run started; start the run again"
+        )
+    cfg = OmegaConf.create(text.decode())
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"{config_file} holds a {type(cfg).__name__}, not a run's config")
     stored = OmegaConf.to_container(cfg, resolve=False)
@@ -52,9 +61,10 @@ def read_run_config(config_file: Path, trusted_targets: list[str]) -> DictConfig
 
 
 def main() -> None:
-    config_file, rank, trusted = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    config_file, digest, rank = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    trusted = sys.argv[4:]
     try:
-        cfg = read_run_config(config_file, trusted)
+        cfg = read_run_config(config_file, digest, trusted)
     except ConfigError as error:
         exit_on_config_error(error)
     configure_logging(rank_log_file(config_file.parent, rank), rank)

@@ -1,6 +1,7 @@
 """ClassificationImages: a classifier's confusion matrix and sample predictions in a real
 TensorBoard event file, counted on the device without a host sync per validation batch."""
 
+import logging
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -127,12 +128,19 @@ class NoLogits(TinyRegression):
         self.log("val/loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
 
 
-def test_a_module_that_returns_no_logits_is_told_how_to_fix_it(tmp_path: Path) -> None:
+def test_a_module_that_returns_no_logits_trains_without_pictures(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A module of the user's own under the default (classification) task: one line, no
+    pictures, the fit goes on."""
     data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
-    run = trainer(tmp_path, [ClassificationImages()], epochs=1, val_batches=1)
-    with pytest.raises(TypeError, match=r"NoLogits\.validation_step returned NoneType, not the"):
+    run = trainer(tmp_path, [ClassificationImages()], epochs=2, val_batches=1)
+    with caplog.at_level(logging.WARNING, logger="volt.callbacks.images"):
         run.fit(NoLogits(), loader, loader)
+    lines = [r.getMessage() for r in caplog.records if r.name == "volt.callbacks.images"]
+    assert len(lines) == 1 and "NoLogits.validation_step returned NoneType, not the" in lines[0]
+    assert run.current_epoch == 2
 
 
 def test_bad_arguments_are_refused() -> None:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from volt.build import allow_clipping_fused_optimizers
 from volt.data.text_bytes import TextBytesDataModule
 from volt.models.language_model import LanguageModel
-from volt.models.schedules import warmup_cosine
+from volt.models.schedules import WarmupCosine
 from volt.nets.gpt import GPT
 
 BLOCK, STEPS, LR = 64, 30, 3e-3
@@ -29,7 +29,7 @@ def language_model(net: nn.Module | None = None) -> LanguageModel:
     return LanguageModel(
         net if net is not None else small_gpt(),
         optimizer=partial(torch.optim.AdamW, lr=LR, betas=(0.9, 0.95)),
-        scheduler=partial(warmup_cosine, warmup_steps=5, max_steps=STEPS, min_lr_ratio=0.1),
+        scheduler=partial(WarmupCosine, warmup_steps=5, max_steps=STEPS, min_lr_ratio=0.1),
         weight_decay=0.1,
         max_new_tokens=8,
     )

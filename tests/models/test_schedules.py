@@ -3,13 +3,13 @@ import itertools
 import pytest
 import torch
 
-from volt.models.schedules import warmup_cosine
+from volt.models.schedules import WarmupCosine
 
 
 def learning_rates(steps: int, **schedule: float) -> list[float]:
     """The learning rate each of `steps` optimiser steps runs with (base rate 1.0)."""
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    scheduler = warmup_cosine(optimizer, **schedule)  # type: ignore[arg-type]
+    scheduler = WarmupCosine(optimizer, **schedule)  # type: ignore[arg-type]
     rates = []
     for _ in range(steps):
         rates.append(optimizer.param_groups[0]["lr"])

@@ -1,6 +1,7 @@
 """A classifier's validation in pictures, in TensorBoard's images tab: the confusion matrix of the
 whole validation set and a grid of validation images with their predicted and true labels."""
 
+import logging
 import math
 from typing import Any
 
@@ -11,6 +12,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 # Above this many classes the counts no longer fit in their cells; colours alone are drawn.
 MAX_ANNOTATED_CLASSES = 20
@@ -44,6 +47,7 @@ class ClassificationImages(Callback):
         self.every_n_validations = every_n_validations
         self._validations = 0  # validations during fit so far, the sanity check not counted
         self._drawing = False
+        self._no_logits = False  # the module's validation_step returns no logits: never draws
         self._counts: Tensor | None = None  # (K * K,) int64 on the device, true * K + predicted
         self._samples: tuple[Tensor, Tensor, Tensor] | None = None  # images, predicted, true
 
@@ -51,7 +55,8 @@ class ClassificationImages(Callback):
         fitting = trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking
         # The same answer on every rank: each one counts, and all of them sum the counts.
         has_writer = any(isinstance(x, TensorBoardLogger) for x in trainer.loggers)
-        self._drawing = fitting and has_writer and self._validations % self.every_n_validations == 0
+        due = self._validations % self.every_n_validations == 0
+        self._drawing = fitting and has_writer and due and not self._no_logits
         self._counts = None
         self._samples = None
 
@@ -67,11 +72,16 @@ class ClassificationImages(Callback):
         if not self._drawing or dataloader_idx:
             return
         if not (isinstance(outputs, Tensor) and outputs.ndim == 2):
-            raise TypeError(
-                f"callbacks.classification_images: {type(pl_module).__name__}.validation_step "
-                f"returned {type(outputs).__name__}, not the logits (batch, classes): return "
-                "them, or remove the callback (callbacks.classification_images=null)"
+            # A module of the user's own under the default (classification) task: no pictures.
+            log.warning(
+                "callbacks.classification_images is off: %s.validation_step returned %s, not the"
+                " logits (batch, classes); return them for a confusion matrix, or set"
+                " callbacks.classification_images=null to silence this",
+                type(pl_module).__name__,
+                type(outputs).__name__,
             )
+            self._drawing, self._no_logits = False, True
+            return
         images, targets = batch[0], batch[1]
         classes = outputs.size(1)
         predicted = outputs.detach().argmax(dim=1)  # (B,)

@@ -1,5 +1,6 @@
 """Lightning's rich progress bar, without a GPU sync on every training step."""
 
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -40,10 +41,12 @@ class RichProgressBar(LightningRichProgressBar):
         self.step_metrics = tuple(step_metrics)
         self.metrics_every_s = metrics_every_s
         self._shown: dict[str, int | str | float | dict[str, float]] | None = None
-        self._read_at = 0.0
+        # Clocks start at "never": time.monotonic() counts from boot, so a start of 0.0 would hold
+        # the first draw back on a machine up for less than an interval.
+        self._read_at = -math.inf
         self._in_train_batch = False
         self._logs_after_batch = False
-        self._moved_at = 0.0
+        self._moved_at = -math.inf
         self._batches_done = 0  # in this epoch, as far as this bar was told
 
     @override

@@ -1,5 +1,14 @@
 """`ema=<decay>`: an exponential moving average of the weights, evaluated instead of them.
 
+With a fixed decay the average of a short run still holds its first steps' weights: after n
+updates the weights it started from keep a share of about decay ** n (0.999 ** 380 = 0.68 at the
+end of the default digits run, whose test accuracy fell from 0.98 to 0.90). So by default
+(`ema_warmup=true`) the decay rises with the number n of updates done so far, as
+`min(decay, (1 + n) / (10 + n))` (TensorFlow's `ExponentialMovingAverage` with `num_updates`):
+0.18 at the second update, 0.9 at the 81st, 0.999 from the 8,991st on. The first update copies
+the weights, as torch's `AveragedModel` does. The count is in checkpoints, so a resumed fit goes
+on with the decay an unbroken one would take.
+
 Lightning's `EMAWeightAveraging` keeps the average (a copy of the module updated after every
 optimizer step), puts it in the module for validation, and writes it into checkpoints as
 `state_dict`, with the trained weights beside it as `current_model_state`. So the best checkpoint
@@ -33,6 +42,7 @@ when a Lightning release fixes its defect; delete the class (and build `EMAWeigh
    host whether it is the first (`_update`).
 """
 
+import functools
 import itertools
 import logging
 from collections.abc import Iterable, Iterator
@@ -61,11 +71,14 @@ class ExponentialMovingAverage(EMAWeightAveraging):
     Args:
         decay: the weight of the average so far, in (0, 1): 0.999 averages over about the last
             1 / (1 - 0.999) = 1000 steps. Checked by volt's config rules (key `ema`).
+        warmup: take `min(decay, (1 + n) / (10 + n))` after n updates instead of `decay`, so that
+            the first steps' weights fade from the average within a short run (key `ema_warmup`).
     """
 
-    def __init__(self, decay: float) -> None:
+    def __init__(self, decay: float, warmup: bool = True) -> None:
         super().__init__(decay=decay)
         self.decay = decay
+        self.warmup = warmup
         # A resumed fit's average and trained weights, kept from `on_load_checkpoint` (before the
         # strategy moves and converts the module) until `on_fit_start` (after).
         self._restored: dict[str, Any] | None = None
@@ -153,7 +166,8 @@ class ExponentialMovingAverage(EMAWeightAveraging):
         """What `average.update_parameters(pl_module)` does with an EMA, without reading the
         update count on the host: the first update of a fresh average copies the weights, later
         ones take `decay * average + (1 - decay) * weights` (torch's `get_ema_avg_fn`, which
-        Lightning uses, one tensor at a time); non-floating buffers are copied."""
+        Lightning uses, one tensor at a time; the decay warmed up by `_factors`); non-floating
+        buffers are copied."""
         kept, weights = list(_tensors(average.module)), list(_tensors(pl_module))
         if self._fresh:  # n_averaged == 0, known without asking the device
             _copy(weights, kept)
@@ -164,12 +178,27 @@ class ExponentialMovingAverage(EMAWeightAveraging):
             others = [(k, w) for k, w in pairs if not k.is_floating_point()]
             if floating:  # decay * average + (1 - decay) * weights, rounded as torch's EMA
                 targets = [k.detach() for k, _ in floating]
-                torch._foreach_mul_(targets, self.decay)
+                keep, take = self._factors(average.n_averaged, targets)
+                torch._foreach_mul_(targets, keep)
                 torch._foreach_add_(
-                    targets, torch._foreach_mul([w.detach() for _, w in floating], 1.0 - self.decay)
+                    targets, torch._foreach_mul([w.detach() for _, w in floating], take)
                 )
             _copy([w for _, w in others], [k for k, _ in others])
         average.n_averaged += 1  # queued on the device; checkpoints keep it as torch does
+
+    def _factors(
+        self, count: Tensor, targets: list[Tensor]
+    ) -> tuple[Tensor | float, Tensor | float]:
+        """This update's `(decay, 1 - decay)` after `count` updates. Under warm-up, 0-dim tensors
+        computed from the count where it lies, on the device (reading it on the host would make
+        every step wait), in the average's widest dtype (float64 under 64-true). Each has its own
+        formula, so that once the warm-up is over they round exactly as the fixed decay's."""
+        if not self.warmup:
+            return self.decay, 1.0 - self.decay
+        n = count.to(functools.reduce(torch.promote_types, (t.dtype for t in targets)))
+        keep = ((1 + n) / (10 + n)).clamp(max=self.decay)
+        take = (9 / (10 + n)).clamp(min=1.0 - self.decay)
+        return keep, take
 
     def _average(self) -> AveragedModel:
         if self._average_model is None:

@@ -6,6 +6,7 @@ checkpoints on NFS or Lustre) the move is a plain copy onto the target, so a kil
 a truncated checkpoint; and nothing is fsynced, so a power loss can leave an empty one.
 """
 
+import logging
 import os
 import re
 import secrets
@@ -15,6 +16,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+log = logging.getLogger(__name__)
 
 # Temporaries are named for the writer (host, pid) so a later save can tell a killed writer's
 # leftovers from a live writer's file in progress, even with another job sharing the directory.
@@ -85,6 +88,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # Lightning passes weights_only=None unless the user set it: volt's checkpoints hold only
         # tensors and plain values, so None means True here.
         return _load(_local_path(path), map_location, weights_only is not False)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Deletes one checkpoint file, never a folder: Lightning's own removes recursively
+        whatever path it is given (`fs.rm(path, recursive=True)`), and the path can come from a
+        restored callback state (volt.callbacks.restored_paths)."""
+        target = _local_path(path)
+        if target.is_dir() and not target.is_symlink():
+            log.warning("not removing %s: a checkpoint is a file, and this is a folder", target)
+            return
+        target.unlink(missing_ok=True)
 
 
 def find_latest_valid_checkpoint(

@@ -13,9 +13,24 @@ def read_stored_config(path: Path) -> dict[str, Any]:
     a pickled object in the file is refused, not run. Tensors go to the meta device: the file is
     parsed whole, but no weight is read (eval reads the config several times before testing).
 
-    The config is still data from a file: check it (`volt.config.targets.check_stored_config`)
-    before building anything from it."""
+    The config is still data from a file: check it (`volt.config.stored`) before building
+    anything from it."""
     checkpoint = torch.load(path, map_location="meta", weights_only=True)
     if CHECKPOINT_KEY not in checkpoint:
         raise KeyError(f"{path} holds no '{CHECKPOINT_KEY}': it was not written by volt's training")
     return checkpoint[CHECKPOINT_KEY]
+
+
+def read_stored_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The stored config and the `state_dict` on the meta device (names, shapes and dtypes, no
+    values), from one read with weights_only=True. Both are data from a file: check the config
+    (`volt.config.stored`) and compare shapes before building anything from it."""
+    checkpoint = torch.load(path, map_location="meta", weights_only=True)
+    if CHECKPOINT_KEY not in checkpoint:
+        raise KeyError(f"{path} holds no '{CHECKPOINT_KEY}': it was not written by volt's training")
+    weights = checkpoint.get("state_dict")
+    if not isinstance(weights, dict) or not all(
+        isinstance(v, torch.Tensor) for v in weights.values()
+    ):
+        raise KeyError(f"{path} holds no state_dict of tensors")
+    return checkpoint[CHECKPOINT_KEY], weights

@@ -8,21 +8,32 @@ whose home is that package. Hydra's `_locate` walks attributes with getattr, so 
 proves nothing: `torch.optim.optimizer.torch.save` lies in `torch.optim` but is `torch.save`.
 """
 
+import importlib.util
 import inspect
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 from hydra._internal.utils import _locate
 from omegaconf import OmegaConf
 
+from volt.config import PROJECT_ROOT
 from volt.errors import ConfigError
 
 TARGET_KEY = "_target_"
 # Packages (every public class and function in them) or single names. Matched at dots:
 # `torch.optim` admits `torch.optim.lr_scheduler.StepLR`, never `torch.optimx.f`.
+VOLT_PACKAGE = __name__.split(".")[0]  # volt itself, under whatever name the package was renamed to
 ALLOWED = (
-    __name__.split(".")[0],  # volt itself, under whatever name the package was renamed to
+    # volt's rooms of buildable parts; never its entry points and build functions (`volt.build`,
+    # `volt.training`, `volt.eval`, ...): a config naming one would pass its own arguments to them.
+    *(
+        f"{VOLT_PACKAGE}.{room}"
+        for room in ("callbacks", "data", "loggers", "models", "nets", "strategies")
+    ),
     "torch.optim",  # optimisers and learning-rate schedulers
     "lightning.pytorch.Trainer",
     "lightning.pytorch.callbacks",
@@ -63,14 +74,50 @@ def check_targets(config: Any, trusted: Iterable[Any]) -> None:
     `config` is a DictConfig / ListConfig (resolved here, as `instantiate` would) or plain dicts
     and lists; `trusted` holds the user's extra packages (the `trusted_targets` key).
     """
-    allowed = (*ALLOWED, *trusted_prefixes(trusted))
+    allowed = (*ALLOWED, *trusted_prefixes(trusted), *checkout_packages())
     data = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else config
     targets = list(_targets(data, ""))
     # Every path is checked as text before any is resolved: resolving imports modules.
     for key, target in targets:
-        _check_path(key, target, allowed)
+        check_path(key, target, allowed)
     for key, target in targets:
-        _check_resolved(key, target)
+        locate_checked(key, target)
+
+
+@cache
+def checkout_packages(root: Path = PROJECT_ROOT) -> tuple[str, ...]:
+    """The top-level packages and modules of the checkout being run, found in its `src/` folder and
+    beside `train.py` (a folder holding Python files, or a `.py` file): the user runs this code
+    already, so configs may name it without `trusted_targets`. Each counts only where Python
+    imports it from inside the checkout (`_from_checkout`): a package of the same name installed
+    elsewhere stays refused. volt itself is not among them (only its rooms are, in ALLOWED), nor
+    Hydra's plugin namespace."""
+    found = set()
+    for folder in (root / "src", root):
+        if not folder.is_dir():
+            continue
+        for entry in folder.iterdir():
+            name = entry.stem if entry.suffix == ".py" else entry.name
+            is_code = entry.suffix == ".py" or (entry.is_dir() and any(entry.glob("*.py")))
+            if is_code and name.isidentifier() and _from_checkout(name, root):
+                found.add(name)
+    return tuple(sorted(found - {VOLT_PACKAGE, "hydra_plugins", "train", "setup", "conftest"}))
+
+
+def _from_checkout(name: str, root: Path) -> bool:
+    """Python finds top-level `name` inside `root` (found, not imported: nothing runs here)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
+    return bool(places) and all(_inside(Path(place), root) for place in places)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
 
 
 def trusted_prefixes(trusted: Iterable[Any]) -> tuple[str, ...]:
@@ -91,7 +138,14 @@ def trusted_prefixes(trusted: Iterable[Any]) -> tuple[str, ...]:
     return tuple(prefixes)
 
 
-def _check_path(key: str, target: Any, allowed: tuple[str, ...]) -> None:
+def check_path(
+    key: str,
+    target: Any,
+    allowed: tuple[str, ...],
+    names: str = "volt builds only its own callbacks, data, loggers, models, nets and"
+    " strategies, torch.optim's, and Lightning's Trainer, callbacks, loggers and profilers",
+) -> None:
+    """`target` as text: a public dotted path inside one of the `allowed` prefixes."""
     where = f"{key or 'config'}: _target_={target}"
     if not isinstance(target, str) or not DOTTED.fullmatch(target):
         raise ConfigError(
@@ -103,15 +157,18 @@ def _check_path(key: str, target: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(
             f"{where} is not allowed: {private[0]!r} is private; name a public class or function"
         )
-    if not _admitted(target, allowed):
+    if not _admitted(target, allowed) and target.split(".")[0] == VOLT_PACKAGE:
         raise ConfigError(
-            f"{where} is not allowed: volt builds only its own classes, torch.optim's, and"
-            " Lightning's Trainer, callbacks, loggers and profilers "
-            + FIX.format(target.split(".")[0])
+            f"{where} is not allowed: {names}; volt's entry points, build, record and console"
+            " functions are never buildable from a config"
         )
+    if not _admitted(target, allowed):
+        raise ConfigError(f"{where} is not allowed: {names} " + FIX.format(target.split(".")[0]))
 
 
-def _check_resolved(key: str, target: str) -> None:
+def locate_checked(key: str, target: str) -> Any:
+    """The class or function `target` names, once it is shown to be defined where the path says
+    (see the module docstring); a target from the checkout must be defined inside it."""
     where = f"{key or 'config'}: _target_={target}"
     try:
         found = _locate(target)  # what instantiate itself calls for a string target
@@ -120,7 +177,8 @@ def _check_resolved(key: str, target: str) -> None:
         raise ConfigError(f"{where} cannot be found: {cause!r}") from error
     if not (inspect.isclass(found) or inspect.isfunction(found)):
         raise ConfigError(
-            f"{where} is not allowed: it is a {type(found).__name__}, not a class or function"
+            f"{where} is not allowed: it is {article(type(found).__name__)}, not a class or"
+            " function"
         )
     package, _, name = target.rpartition(".")
     module, qualname = str(getattr(found, "__module__", "")), found.__qualname__
@@ -137,6 +195,15 @@ def _check_resolved(key: str, target: str) -> None:
             f"{where} is not allowed: it is {module}.{qualname}, reached through another module"
             f" or name; name it by that path {FIX.format(module.split('.')[0])}"
         )
+    top = target.split(".")[0]
+    if top in checkout_packages():
+        file = getattr(sys.modules.get(module), "__file__", None)
+        if file is None or not _inside(Path(file), PROJECT_ROOT):
+            raise ConfigError(
+                f"{where} is not allowed: it was imported from {file}, outside this checkout"
+                f" ({PROJECT_ROOT}) {FIX.format(top)}"
+            )
+    return found
 
 
 def _admitted(path: str, allowed: tuple[str, ...]) -> bool:
@@ -182,3 +249,7 @@ def _strings(node: Any, key: str) -> Iterator[tuple[str, str]]:
             yield from _strings(value, f"{key}[{i}]")
     elif isinstance(node, str):
         yield key, node
+
+
+def article(noun: str) -> str:
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"

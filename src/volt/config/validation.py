@@ -45,6 +45,7 @@ TRAIN_RULES = (
         "null (off) or a decay strictly between 0 and 1",
         "ema=0.999",
     ),
+    Rule("ema_warmup", one_of(True, False), "true or false", "ema_warmup=false"),
     Rule(
         "task.module",
         lambda v: v is None or ((isinstance(v, str) and v.isidentifier()) or "." in str(v)),
@@ -290,17 +291,6 @@ def _check_adam_eps_in_fp16(cfg: DictConfig) -> None:
             f"precision=16-true with model.optimizer.eps={eps}: fp16 rounds it to 0 and Adam"
             " divides by zero; set model.optimizer.eps=1e-4, or use precision=16-mixed / bf16-true"
         )
-
-
-def check_checkpoint(cfg: DictConfig) -> None:
-    """An eval's ckpt_path is a checkpoint volt wrote: it loads with weights_only and holds the
-    run's config (a damaged or foreign file is named, not met later as a traceback)."""
-    from volt.checkpointing import read_stored_config
-
-    try:
-        read_stored_config(Path(cfg.ckpt_path))
-    except Exception as error:
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path!r} cannot be used: {error}") from error
 
 
 def check_resolves(cfg: DictConfig) -> None:

@@ -32,6 +32,7 @@ resolved config of the job, not the command line.
 """
 
 import datetime
+import hashlib
 import logging
 import os
 import signal
@@ -55,6 +56,7 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
+from volt.config import PROJECT_ROOT
 from volt.errors import RankFailedError, VerdictOfAllRanksError
 
 log = logging.getLogger(__name__)
@@ -187,8 +189,16 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
                     f" volt reserved port {self._store.port}; set MASTER_PORT to choose one"
                 )
         node_rank = environment.node_rank()
+        # The ranks train the file only as rank 0 wrote it (volt.rank.read_run_config).
+        digest = hashlib.sha256(self.rank_config.read_bytes()).hexdigest()
+        # The ranks import what rank 0 imports: `python -m volt.rank` puts its working
+        # directory first on sys.path where `python train.py` put the checkout.
+        python_path = os.pathsep.join(
+            filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])
+        )
         shared = {
             **os.environ,
+            "PYTHONPATH": python_path,
             "MASTER_ADDR": environment.main_address,
             "MASTER_PORT": str(environment.main_port),
             "NODE_RANK": str(node_rank),
@@ -202,6 +212,7 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
                 "-m",
                 "volt.rank",
                 str(self.rank_config),
+                digest,
                 str(rank),
                 *self.trusted_targets,
             ]

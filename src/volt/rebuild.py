@@ -1,0 +1,188 @@
+"""A trained run rebuilt from its checkpoint alone: `volt.eval` (test, predict) and
+`load_trained_module`. The file may come from a stranger, so only its `model` and `data` are read,
+through the narrow checks of `volt.config.stored`; the trainer, callbacks, loggers, precision
+choices and the task come from the user's command and local config, built by `volt.build` as in
+training. The model is built on the meta device first, and its parameter shapes compared with the
+checkpoint's tensors: a config that disagrees with the weights, or that would need more memory
+than they hold, is refused before any memory is taken.
+"""
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from volt.build import (
+    TrainingObjects,
+    apply_toggles,
+    build_datamodule,
+    build_trainer,
+    model_with_data,
+)
+from volt.callbacks.prediction_writer import CSVPredictionWriter
+from volt.checkpointing import read_stored_checkpoint
+from volt.config import PROJECT_ROOT
+from volt.config.stored import SECTIONS, check_stored_precision, check_stored_sections
+from volt.errors import ConfigError
+
+# Room the rebuilt module may take beyond the checkpoint's tensors: buffers a module computes
+# rather than stores (a causal mask, rotary tables), and per-tensor overhead.
+EXTRA_BYTES_ALLOWED = 256 * 2**20
+EXTRA_RATIO_ALLOWED = 1.25
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """The parts of a checkpoint volt rebuilds from, checked (`volt.config.stored`)."""
+
+    model: dict[str, Any]
+    data: dict[str, Any] | None  # None: the command names its own data
+    precision: str | None
+    channels_last: bool
+    weights: dict[str, torch.Tensor]  # the state_dict on the meta device: names, shapes, dtypes
+
+
+def read_stored_run(
+    ckpt_path: str | Path,
+    trusted: Iterable[Any],
+    allow_env: Iterable[str],
+    data_dir: Path,
+    data_overrides: Mapping[str, Any] | None = None,
+) -> StoredRun:
+    """The checkpoint's model and data sections, checked; `data_overrides` (the command's
+    `data_root`, `batch_size`, `prompt`) replace the file's values before the check. With
+    `data_overrides=None` the command brings its own data and the stored one is not read."""
+    try:
+        config, weights = read_stored_checkpoint(Path(ckpt_path))
+    except Exception as error:  # unreadable, truncated, or not volt's: the user needs the file name
+        raise ConfigError(f"ckpt_path={str(ckpt_path)!r} cannot be used: {error}") from error
+    model = copy.deepcopy(config.get("model"))
+    if isinstance(model, dict):
+        model.pop("channels_last", None)  # a Classifier argument before 2026-11-23
+    data = copy.deepcopy(config.get("data"))
+    if data_overrides is not None and isinstance(data, dict):
+        data.update({k: v for k, v in data_overrides.items() if v is not None})
+    sections = SECTIONS if data_overrides is not None else ("model",)
+    check_stored_sections({"model": model, "data": data}, trusted, allow_env, data_dir, sections)
+    assert isinstance(model, dict)  # checked above
+    check_stored_precision(config.get("precision"))
+    channels_last = config.get("channels_last") or config.get("model", {}).get("channels_last")
+    if channels_last not in (None, True, False):
+        raise ConfigError(f"channels_last: the checkpoint's {channels_last!r} is not a boolean")
+    return StoredRun(
+        model=model,
+        data=data if data_overrides is not None else None,
+        precision=config.get("precision"),
+        channels_last=bool(channels_last),
+        weights=weights,
+    )
+
+
+def data_overrides(cfg: DictConfig) -> dict[str, Any]:
+    """What an eval command changes in the data module: batch size, data root, prompt."""
+    given = {"batch_size": cfg.batch_size, "root": cfg.data_root, "prompt": cfg.prompt}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def read_evaluated_run(cfg: DictConfig) -> StoredRun:
+    """The checked StoredRun of an eval command's `ckpt_path`, its data as the command changes it
+    (or not read at all when the command names its own data)."""
+    overrides = None if cfg.get("data") is not None else data_overrides(cfg)
+    return read_stored_run(
+        cfg.ckpt_path, cfg.trusted_targets, cfg.allow_env, Path(cfg.paths.data_dir), overrides
+    )
+
+
+def build_stored_model(
+    stored: StoredRun, datamodule: pl.LightningDataModule, from_data: Mapping[str, str]
+) -> pl.LightningModule:
+    """The LightningModule of `stored`, once its meta-device twin has the checkpoint's shapes and
+    needs no more memory than the checkpoint's tensors (plus EXTRA_*_ALLOWED)."""
+    model_cfg = model_with_data(OmegaConf.create(stored.model), datamodule, from_data)
+    with torch.device("meta"):
+        twin = instantiate(model_cfg)
+    _check_against_weights(twin, stored.weights)
+    return instantiate(model_cfg)
+
+
+def _check_against_weights(twin: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    built = twin.state_dict()
+    missing = sorted(set(built) - set(weights))
+    unexpected = sorted(set(weights) - set(built))
+    if missing or unexpected:
+        raise ConfigError(
+            f"model: the checkpoint's config builds a module whose weights do not match the"
+            f" file's (missing {missing[:3]}, unexpected {unexpected[:3]}): refused before"
+            " building it"
+        )
+    for name, tensor in built.items():
+        if tuple(tensor.shape) != tuple(weights[name].shape):
+            raise ConfigError(
+                f"model: the checkpoint's config makes {name} of shape {tuple(tensor.shape)}, the"
+                f" file holds {tuple(weights[name].shape)}: refused before building it"
+            )
+    stored_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    tensors = [*twin.parameters(), *twin.buffers()]
+    needed = sum(t.numel() * t.element_size() for t in tensors)
+    if needed > stored_bytes * EXTRA_RATIO_ALLOWED + EXTRA_BYTES_ALLOWED:
+        raise ConfigError(
+            f"model: the checkpoint's config builds a module of {needed / 2**20:,.0f} MiB, its"
+            f" weights hold {stored_bytes / 2**20:,.0f} MiB: refused before building it"
+        )
+
+
+def build_evaluation(cfg: DictConfig, stored: StoredRun) -> TrainingObjects:
+    """Data and model as the checkpoint's run had them (the data replaced by `cfg.data` when the
+    command names one, to predict on new data); task, trainer, callbacks, loggers, precision and
+    compile from `cfg`, through the same functions as training."""
+    trusted = cfg.trusted_targets
+    task = cfg.get("task") or OmegaConf.create({"from_data": {}, "module": None})
+    if stored.data is not None:
+        datamodule = instantiate(OmegaConf.create(stored.data))
+    else:
+        datamodule = build_datamodule(cfg.data, trusted, **data_overrides(cfg))
+    model = build_stored_model(stored, datamodule, task.from_data)
+    toggles = OmegaConf.create(
+        {
+            "task": task,
+            "compile": cfg.compile,
+            "channels_last": stored.channels_last,
+            "trainer": {"sync_batchnorm": False},  # one process: nothing to synchronise
+        }
+    )
+    plugins = apply_toggles(toggles, model)
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.trainer.precision = cfg.precision or stored.precision  # null: as trained
+    writer = [CSVPredictionWriter(cfg.paths.output_dir)] if cfg.mode == "predict" else []
+    return TrainingObjects(datamodule, model, build_trainer(cfg, trusted, writer, plugins))
+
+
+def load_trained_module(
+    ckpt_path: str | Path,
+    trusted: Sequence[str] = (),
+    data_dir: str | Path | None = None,
+    from_data: Mapping[str, str] | None = None,
+) -> tuple[pl.LightningModule, pl.LightningDataModule]:
+    """A volt checkpoint's LightningModule with its trained weights, and the data module it was
+    built against, from the file alone: what `Classifier.load_from_checkpoint` cannot do, since a
+    module's nets and optimiser factories are arguments, not hyperparameters (only plain values
+    are, so that checkpoints load with weights_only=True). The file is checked as eval checks it;
+    `trusted` widens what it may name (your packages), `data_dir` is where its data may live (this
+    project's data/ folder by default), and
+    `from_data` is for checkpoints written before 2026-11-26, whose model config lacks the values
+    taken from the data module (e.g. conf/task/classification.yaml's)."""
+    data_dir = Path(data_dir) if data_dir is not None else PROJECT_ROOT / "data"
+    stored = read_stored_run(ckpt_path, trusted, (), data_dir, data_overrides={})
+    assert stored.data is not None
+    datamodule = instantiate(OmegaConf.create(stored.data))
+    module = build_stored_model(stored, datamodule, from_data or {})
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module, datamodule
