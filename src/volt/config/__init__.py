@@ -1,11 +1,14 @@
 """Where volt's configs live, and the resolvers they use (registered on import)."""
 
 import datetime
+import inspect
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -91,21 +94,34 @@ def rank_log_suffix() -> str:
     return f"_rank{rank}" if rank else ""
 
 
-OmegaConf.register_new_resolver("volt.project_root", lambda: str(PROJECT_ROOT), replace=True)
+# OmegaConf 2.4 deprecates register_new_resolver (a multi-line UserWarning at every call) in
+# favour of register_resolver, a name that 2.3 still gives to its legacy API (string arguments
+# only, no `replace` or `use_cache`, deprecated there): so the choice goes by what the function
+# takes, not by its name or the version string. Seen: 2.3.1 (old API), 2.4.0 and 2.4.1rc1 (new).
+# Delete the register_new_resolver branch once volt requires omegaconf>=2.4 (hydra-core 1.4 does).
+if "use_cache" in inspect.signature(OmegaConf.register_resolver).parameters:
+    _register: Callable[..., None] = OmegaConf.register_resolver
+else:
+    _register = OmegaConf.register_new_resolver
+
+
+def register_resolver(name: str, resolver: Callable[..., Any], *, use_cache: bool = False) -> None:
+    """The one place volt registers an OmegaConf resolver; one of the same name is replaced, so
+    importing this module again is harmless."""
+    _register(name, resolver, replace=True, use_cache=use_cache)
+
+
+register_resolver("volt.project_root", lambda: str(PROJECT_ROOT))
 # A named run's directory is its name; an unnamed one's is the stamp. use_cache: the value is
 # kept in the config, so a sweep job that Hydra's submitit launcher runs in another process (a
 # SLURM task) resolves the sweep directory its launcher made.
-OmegaConf.register_new_resolver(
-    "volt.run_id", lambda name: str(name) if name else run_stamp(), replace=True, use_cache=True
-)
-OmegaConf.register_new_resolver("volt.devices_per_node", devices_per_node, replace=True)
-OmegaConf.register_new_resolver("volt.rank_log_suffix", rank_log_suffix, replace=True)
+register_resolver("volt.run_id", lambda name: str(name) if name else run_stamp(), use_cache=True)
+register_resolver("volt.devices_per_node", devices_per_node)
+register_resolver("volt.rank_log_suffix", rank_log_suffix)
 # `val/acc` -> `val_acc`: a metric's name inside a file name (the best checkpoint's).
-OmegaConf.register_new_resolver("volt.slug", lambda name: str(name).replace("/", "_"), replace=True)
+register_resolver("volt.slug", lambda name: str(name).replace("/", "_"))
 # task.mode (max|min) -> an Optuna study direction.
-OmegaConf.register_new_resolver(
-    "volt.direction", lambda mode: {"max": "maximize", "min": "minimize"}[mode], replace=True
-)
+register_resolver("volt.direction", lambda mode: {"max": "maximize", "min": "minimize"}[mode])
 
 
 def in_multirun() -> bool:
