@@ -606,3 +606,21 @@ def test_ddp_ranks_of_a_resumed_handed_over_run_train_rank_0s_config(tmp_path: P
     assert second.returncode == 0, second.stderr[-3000:]
     assert not sentinel.exists()
     assert "torch.save" not in (run_dir / "config_resolved.yaml").read_text()
+
+
+def test_a_checkpoint_from_before_2026_11_26_is_evaluated_with_its_task(
+    run_dir: Path, tmp_path: Path, run_eval: Callable[..., tuple[int, str]]
+) -> None:
+    """Such a checkpoint's model config lacks what the task took from the data module: eval says
+    to name the task, and with it (from the command line, never the file) evaluates."""
+
+    def older(config: dict[str, Any], _: Path) -> None:
+        for key in ("in_shape", "num_classes"):
+            del config["model"]["net"][key]
+        del config["model"]["num_classes"]
+
+    crafted, _ = craft(run_dir / "checkpoints" / "last.ckpt", older, tmp_path)
+    code, err = run_eval([f"ckpt_path={crafted}"])
+    assert code == 2 and "needs the task it was trained with: task=classification" in err, err
+    code, err = run_eval([f"ckpt_path={crafted}", "task=classification", "name=older"])
+    assert code == 0, err

@@ -15,6 +15,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -29,6 +30,7 @@ from volt.callbacks.prediction_writer import CSVPredictionWriter
 from volt.checkpointing import read_stored_checkpoint
 from volt.config import PROJECT_ROOT
 from volt.config.stored import SECTIONS, check_stored_precision, check_stored_sections
+from volt.console import one_line
 from volt.errors import ConfigError
 
 # Room the rebuilt module may take beyond the checkpoint's tensors: buffers a module computes
@@ -105,8 +107,19 @@ def build_stored_model(
     """The LightningModule of `stored`, once its meta-device twin has the checkpoint's shapes and
     needs no more memory than the checkpoint's tensors (plus EXTRA_*_ALLOWED)."""
     model_cfg = model_with_data(OmegaConf.create(stored.model), datamodule, from_data)
-    with torch.device("meta"):
-        twin = instantiate(model_cfg)
+    try:
+        with torch.device("meta"):
+            twin = instantiate(model_cfg)
+    except InstantiationException as error:
+        if from_data:
+            raise
+        # Checkpoints before 2026-11-26 stored the model config without the values the task
+        # took from the data module (shapes, class counts): the task has to be named.
+        raise ConfigError(
+            f"model: the checkpoint's model does not build ({one_line(error)}); a checkpoint"
+            " written before 2026-11-26 needs the task it was trained with:"
+            " task=classification (or task=language_model)"
+        ) from error
     _check_against_weights(twin, stored.weights)
     return instantiate(model_cfg)
 
