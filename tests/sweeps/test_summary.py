@@ -11,7 +11,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, dis
 from volt.runs import lock_run_dir
 from volt.sweeps.plots import PLOT_FILE, plot_search
 from volt.sweeps.pruning import open_journal
-from volt.sweeps.summary import CSV_FILE, MARKDOWN_FILE, main, write_sweep_summary
+from volt.sweeps.summary import CSV_FILE, MARKDOWN_FILE, main, objective, write_sweep_summary
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -110,3 +110,17 @@ def test_a_search_plots_its_objective_against_each_parameter(tmp_path: Path) -> 
 
     height, width, _ = matplotlib.image.imread(path).shape
     assert width > height  # one panel per parameter, side by side
+
+
+def test_a_handed_over_sweeps_config_reads_no_environment(
+    sweep: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """multirun.yaml is data: an interpolation in it is not resolved (it would put the reader's
+    variable into the table); the sweep is then listed in job order."""
+    monkeypatch.setenv("VOLT_TEST_SECRET", "hunter2")
+    (sweep / "multirun.yaml").write_text("task:\n  watch: ${oc.env:VOLT_TEST_SECRET}\n")
+    rows = write_sweep_summary(sweep)
+    assert objective(sweep, rows) == (None, "max")  # resolved, the column would be "hunter2"
+    assert [row["job"] for row in rows] == ["0", "1", "2", "3", "4", "5"]
+    written = (sweep / CSV_FILE).read_text() + (sweep / MARKDOWN_FILE).read_text()
+    assert "hunter2" not in written

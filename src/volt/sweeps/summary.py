@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -69,23 +68,28 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, str]]:
     return sorted(rows, key=lambda r: int(r["job"]) if r["job"].isdigit() else 0)
 
 
-def sweep_config(sweep_dir: Path) -> DictConfig | None:
-    """The sweep's own config (Hydra's sweepers write multirun.yaml at its start)."""
+def sweep_watch(sweep_dir: Path) -> tuple[str | None, str]:
+    """The sweep's watched metric and its mode, from the multirun.yaml Hydra's sweepers write at
+    its start. Read as plain YAML, nothing resolved: a sweep directory may come from someone else
+    (`python -m volt.sweeps.summary DIR`), and an interpolation there would read your environment
+    into the table. A value that is not a plain word counts as absent."""
     path = sweep_dir / "multirun.yaml"
-    config = OmegaConf.load(path) if path.is_file() else None
-    return config if isinstance(config, DictConfig) else None
+    config = yaml.safe_load(path.read_text()) if path.is_file() else None
+    task = config.get("task") if isinstance(config, dict) else None
+    task = task if isinstance(task, dict) else {}
+    watch, mode = task.get("watch"), task.get("mode", "max")
+    plain = isinstance(watch, str) and "${" not in watch
+    return (watch if plain else None), (mode if mode in ("max", "min") else "max")
 
 
 def objective(sweep_dir: Path, rows: list[dict[str, str]]) -> tuple[str | None, str]:
     """The column to rank jobs by, and max|min: the watched metric's best where jobs kept one
     (what a search optimises), else its last value."""
-    config = sweep_config(sweep_dir)
-    watch = OmegaConf.select(config, "task.watch", default=None) if config else None
-    mode = OmegaConf.select(config, "task.mode", default="max") if config else "max"
+    watch, mode = sweep_watch(sweep_dir)
     if watch is None:
-        return None, str(mode)
-    column = f"{watch}_best" if any(f"{watch}_best" in r for r in rows) else str(watch)
-    return column, str(mode)
+        return None, mode
+    column = f"{watch}_best" if any(f"{watch}_best" in r for r in rows) else watch
+    return column, mode
 
 
 def rank_rows(rows: list[dict[str, str]], column: str | None, mode: str) -> list[dict[str, str]]:
