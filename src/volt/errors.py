@@ -10,20 +10,26 @@ class ConfigError(ValueError):
 
 
 class TrainingInterrupted(SystemExit):
-    """Training stopped on a signal after saving `checkpoint`; the process exits 128 + signum.
+    """Training stopped on a signal; the process exits 128 + signum.
 
-    A `SystemExit` so that nothing between the callback and the interpreter has to know about
+    `checkpoint` is what was saved on the way out (volt.callbacks.graceful_shutdown, mid-fit), or
+    None where there was nothing to save at that moment (`where`: the run's start, the ranks'
+    start-up, test; volt.runs.stop_signals).
+
+    A `SystemExit` so that nothing between the raiser and the interpreter has to know about
     it, and the exit status follows the shell's convention for a job ended by that signal
     (143 for SIGTERM, 130 for SIGINT): schedulers and scripts see that it did not finish.
     """
 
-    def __init__(self, signum: int, checkpoint: Path) -> None:
+    def __init__(self, signum: int, checkpoint: Path | None, where: str = "training") -> None:
         super().__init__(128 + signum)
         self.signum = signum
         self.checkpoint = checkpoint
+        self.where = where
 
     def __str__(self) -> str:  # SystemExit's own is just the exit status
-        return f"stopped on {signal.Signals(self.signum).name}; saved {self.checkpoint}"
+        saved = f"saved {self.checkpoint}" if self.checkpoint else "nothing saved"
+        return f"stopped on {signal.Signals(self.signum).name} while {self.where}; {saved}"
 
 
 class VerdictOfAllRanksError(RuntimeError):

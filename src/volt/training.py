@@ -33,6 +33,7 @@ from volt.runs import (
     save_resolved_config,
     write_metrics,
 )
+from volt.runs.stop_signals import RunStopper, stop_on_signals
 from volt.strategies.launcher import ranks_end_with_run
 from volt.sweeps.pruning import was_pruned
 from volt.tuning import find_batch_size, find_learning_rate
@@ -64,11 +65,13 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def fit_and_test(
-    run: TrainingObjects, test: bool, resume_from: Path | None, watch: str
+    run: TrainingObjects, test: bool, resume_from: Path | None, watch: str, stopper: RunStopper
 ) -> tuple[dict[str, float], str]:
     """Fit (continuing from `resume_from` if given), then test the best checkpoint (or the final
     weights when none was kept). The metrics: validation's last values, the best value of the
     watched metric as `<watch>_best` when a checkpoint callback followed it, and the test's."""
+    # From the sanity check on, GracefulShutdown answers signals (and saves) until training ends.
+    stopper.at("starting the fit (the ranks, setup, compile, the data)")
     try:
         run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
     except torch.OutOfMemoryError as error:
@@ -92,6 +95,7 @@ def fit_and_test(
     ):
         metrics[f"{watch}_best"] = float(score)
     if test and not run.trainer.interrupted and not was_pruned(run.trainer):
+        stopper.at("testing, after training ended")
         results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=best or None)
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
@@ -99,8 +103,14 @@ def fit_and_test(
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """One run; returns its final metrics (validation and test)."""
+    """One run; returns its final metrics (validation and test). A signal stops it wherever it
+    is, with one line saying where (volt.runs.stop_signals; mid-training: GracefulShutdown)."""
     run_dir = Path(cfg.paths.output_dir)
+    with stop_on_signals(run_dir / "checkpoints", named=cfg.name is not None) as stopper:
+        return train_run(cfg, run_dir, stopper)
+
+
+def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, float]:
     resolved = prepare_run(cfg, run_dir)
     # Rank 0 enforces resume=true/false; the other ranks start after it wrote run.json and
     # would see a run that "already exists".
@@ -113,12 +123,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
         print_result(plan.finished, run_dir)
         return plan.finished
     with run_record(run_dir):
+        stopper.at("building the model and the data")
         run = build_training(cfg, resolved)
         log.info(describe_setup(run.trainer, cfg.compile.mode))
         if cfg.tune == "batch_size":
+            stopper.at("tuning the batch size")
             batch = find_batch_size(run.trainer, run.model, run.datamodule)
             resolved["data"]["batch_size"] = batch  # what checkpoints and records now hold
         elif cfg.tune == "lr":
+            stopper.at("tuning the learning rate")
             lr = find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
             resolved["model"]["optimizer"]["lr"] = lr
         if cfg.tune:
@@ -127,7 +140,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # metrics.json written inside, or from how the block ends.
         with hparams_session(run.trainer.loggers, resolved, run_dir):
             with ranks_end_with_run(run.trainer):  # this process's DDP ranks end with the run
-                metrics, best = fit_and_test(run, cfg.test, plan.checkpoint, cfg.task.watch)
+                metrics, best = fit_and_test(
+                    run, cfg.test, plan.checkpoint, cfg.task.watch, stopper
+                )
             status = "pruned" if was_pruned(run.trainer) else "completed"
             write_metrics(run_dir, metrics, best_checkpoint=best, status=status)
     print_result(metrics, run_dir)

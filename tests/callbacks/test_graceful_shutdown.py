@@ -164,7 +164,9 @@ def fit_until_signalled(tmp_path: Path, signal_at: SignalAt, **trainer_args: obj
         trainer.fit(Regression(), eight_batches(), eight_batches())
 
     assert stopped.value.code == 128 + signal_at.signum
-    assert str(stopped.value) == f"stopped on {signal_at.signum.name}; saved {tmp_path}/last.ckpt"
+    assert str(stopped.value) == (
+        f"stopped on {signal_at.signum.name} while training; saved {tmp_path}/last.ckpt"
+    )
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers_before
     return torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"]
 
