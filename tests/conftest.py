@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 from volt.config import CONF_DIR, PROJECT_ROOT
+from volt.config.composition import VERSION_BASE
 
 # Test modules that import an optional extra's package, left out where it is not installed: a GPU
 # machine with only torch and Lightning still collects the rest (`pytest -m gpu`). CI installs
@@ -101,7 +102,7 @@ def compose_config(tmp_path: Path) -> Callable[..., DictConfig]:
 
     def _compose(config_name: str = "train", overrides: list[str] | None = None) -> DictConfig:
         GlobalHydra.instance().clear()
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
             cfg = compose(
                 config_name,
                 overrides=[f"paths.outputs_dir={tmp_path / 'outputs'}", *(overrides or [])],

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tests.step_probes import read_record
+from volt.build import build_training
 from volt.config.validation import PRECISIONS
 from volt.training import train
 
@@ -138,6 +139,18 @@ def test_profiler_writes_a_trace(compose_config: Compose, fast: list[str]) -> No
     assert traces, "no trace written"
     events = json.loads(traces[0].read_text())["traceEvents"]
     assert any("aten::addmm" in str(e.get("name")) for e in events)
+
+
+def test_what_volt_adds_to_the_trainer_leaves_the_config_as_it_was(
+    compose_config: Compose,
+) -> None:
+    # Without checkpoint callbacks volt switches Lightning's own off (enable_checkpointing), as an
+    # argument: a key added to the config is refused inside Hydra 1.4's copy of the run's config.
+    cfg = compose_config("train", ["callbacks=none", "logger=none"])
+    before = OmegaConf.to_container(cfg)
+    trainer = build_training(cfg, {}).trainer
+    assert OmegaConf.to_container(cfg) == before
+    assert trainer.checkpoint_callback is None
 
 
 @pytest.mark.gpu

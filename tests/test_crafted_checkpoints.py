@@ -2,7 +2,8 @@
 not run code. Each case takes the checkpoint of a real training run, puts a payload into its
 config that would write a sentinel file if it ran, and expects one line, exit status 2, no
 sentinel and outputs/ untouched. A control shows every payload does run through volt's build path
-once the check is taken out, so each case can fail."""
+once the check is taken out (and Hydra's execution whitelist, its second line where Hydra has one),
+so each case can fail."""
 
 import contextlib
 import copy
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hydra.utils
 import pytest
 import torch
 import yaml
@@ -27,8 +29,12 @@ from volt import rebuild
 from volt.checkpointing import CHECKPOINT_KEY, AtomicCheckpointIO, CheckpointLoadError
 from volt.config import PROJECT_ROOT
 from volt.errors import ConfigError
+from volt.runs import lock_run_dir
 
 Payload = Callable[[dict[str, Any], Path], None]
+# instantiate's arguments that take Hydra's execution whitelist out (hydra-core 1.4); none on 1.3.
+UNSAFE = getattr(hydra.utils, "UNSAFE_DISABLE_EXECUTION_CHECKS", None)
+NO_WHITELIST = {} if UNSAFE is None else {"_execution_whitelist_": UNSAFE}
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -206,7 +212,7 @@ CASES: list[tuple[str, Payload, str]] = [
     ),
     ("interpolation", setter("model.net.dropout", created), 'model.net.dropout: "${oc.create:'),
     # 3. places: a data module reading and writing where the file says
-    ("copies a secret", copies_a_secret, "data.files[0]="),
+    ("copies a secret", copies_a_secret, "data.cache_dir="),
 ]
 IDS = [case[0] for case in CASES]
 # Cases whose target the command line trusts (a_payload), so that only the narrow rebuild rules
@@ -304,12 +310,32 @@ def test_payload_runs_without_the_check(
     runs each payload (and usually fails after it, on the value the payload returned)."""
     crafted, sentinel = craft(run_dir / "checkpoints" / "last.ckpt", payload, tmp_path / "c")
     monkeypatch.setattr(rebuild, "check_stored_sections", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rebuild, "instantiate_whitelist", lambda prefixes: NO_WHITELIST)
     cfg = compose_config("eval", [f"ckpt_path={crafted}", *trust_for(case)])
     # What a payload returns is no valid argument: the build fails, after the payload ran.
     with contextlib.suppress(Exception):
         run = rebuild.build_evaluation(cfg, rebuild.read_evaluated_run(cfg))
         run.datamodule.prepare_data()  # where a data module reads and caches its files
     assert sentinel.exists()
+
+
+@pytest.mark.skipif(UNSAFE is None, reason="this Hydra takes no execution whitelist (< 1.4)")
+def test_hydras_whitelist_stops_a_payload_without_volts_check(
+    run_dir: Path,
+    tmp_path: Path,
+    compose_config: Callable[..., DictConfig],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second line: with volt's check taken out, Hydra's whitelist (the stored prefixes)
+    still refuses a target outside them."""
+    payload = setter("model.net.dropout", saves_sentinel)
+    crafted, sentinel = craft(run_dir / "checkpoints" / "last.ckpt", payload, tmp_path / "c")
+    monkeypatch.setattr(rebuild, "check_stored_sections", lambda *args, **kwargs: None)
+    cfg = compose_config("eval", [f"ckpt_path={crafted}"])
+    # Hydra's refusal, as volt reports the model a stored config does not build.
+    with pytest.raises(ConfigError, match="not in the Hydra execution whitelist"):
+        rebuild.build_evaluation(cfg, rebuild.read_evaluated_run(cfg))
+    assert not sentinel.exists()
 
 
 def test_trusted_targets_on_the_command_line_widen_the_list(
@@ -496,7 +522,7 @@ def test_what_volt_does_not_rebuild_is_never_read(
     assert str(Path.home()) not in written
     # The control: each payload is live, built on its own.
     checkpoint = torch.load(crafted, weights_only=True)
-    instantiate(checkpoint[CHECKPOINT_KEY]["trainer"]["payload"])
+    instantiate(checkpoint[CHECKPOINT_KEY]["trainer"]["payload"], **NO_WHITELIST)
     assert sentinels["trainer"].exists()
 
 
@@ -624,3 +650,78 @@ def test_a_checkpoint_from_before_2026_11_26_is_evaluated_with_its_task(
     assert code == 2 and "needs the task it was trained with: task=classification" in err, err
     code, err = run_eval([f"ckpt_path={crafted}", "task=classification", "name=older"])
     assert code == 0, err
+
+
+def test_weights_that_claim_more_memory_than_the_file_holds_are_refused(
+    run_dir: Path, tmp_path: Path, run_eval: Callable[..., tuple[int, str]]
+) -> None:
+    """A 16384 x 16384 weight saved as an expanded view of one number: a few bytes in the file,
+    a gigabyte once loading copies it (found by a red-team review)."""
+    genuine = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(genuine, weights_only=True)
+    big = torch.zeros(()).expand(16384, 16384)
+    checkpoint["state_dict"] = {"net.layers.1.weight": big}
+    torch.save(checkpoint, tmp_path / "expanded.ckpt")
+    code, err = run_eval([f"ckpt_path={tmp_path / 'expanded.ckpt'}"])
+    assert code == 2 and "is larger than its storage" in err, err
+    # The control: what the file holds becomes a full matrix at the first copy.
+    loaded = torch.load(tmp_path / "expanded.ckpt", weights_only=True)["state_dict"]
+    assert loaded["net.layers.1.weight"].clone().untyped_storage().nbytes() == 16384**2 * 4
+
+
+def test_storages_larger_than_the_file_are_refused(tmp_path: Path) -> None:
+    from volt.checkpointing.tensor_sizes import OversizedTensorError, check_tensor_sizes
+
+    (tmp_path / "small").write_bytes(b"x" * 1000)
+    with pytest.raises(OversizedTensorError, match="declare 4,000 bytes, the file holds 1,000"):
+        check_tensor_sizes({"w": torch.empty(1000, device="meta")}, tmp_path / "small")
+    check_tensor_sizes({"w": torch.empty(200, device="meta")}, tmp_path / "small")
+
+
+def test_a_net_of_far_more_layers_than_its_weights_is_refused_while_it_is_built(
+    run_dir: Path, tmp_path: Path, run_eval: Callable[..., tuple[int, str]]
+) -> None:
+    """`n_layer: 10**7` would build for hours even on the meta device: the count of submodules
+    stops the build at its budget (20,000 layers here, to keep the file small)."""
+    crafted, _ = craft(
+        run_dir / "checkpoints" / "last.ckpt",
+        setter("model.net.hidden_sizes", lambda _: [4] * 20_000),
+        tmp_path,
+    )
+    started = time.monotonic()
+    code, err = run_eval([f"ckpt_path={crafted}"])
+    assert code == 2 and "builds more than 10,0" in err and "submodules" in err, err
+    assert time.monotonic() - started < 60
+
+
+def test_tests_and_benchmarks_are_not_trusted_as_the_checkouts_code() -> None:
+    from volt.config.targets import checkout_packages
+
+    assert not {"tests", "benchmarks", "volt"} & set(checkout_packages())
+
+
+def test_a_handed_over_run_directory_with_a_link_is_refused(tmp_path: Path) -> None:
+    """Volt writes into a run it continues (the lock, run.json, train.log): through a link it
+    would write wherever the link points (found by a red-team review)."""
+    outputs = tmp_path / "outputs"
+    run_dir = outputs / "train" / "runs" / "handed"
+    run_dir.mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("a user's file")
+    (run_dir / "run.json").symlink_to(victim)
+    done = subprocess.run(
+        [sys.executable, "train.py", "name=handed", f"paths.outputs_dir={outputs}"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"name=handed: {run_dir / 'run.json'} is a symbolic link" in done.stderr
+    assert victim.read_text() == "a user's file"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]
+    # The control: the first write volt makes there, the lock, goes through a link.
+    (run_dir / ".lock").symlink_to(victim)
+    lock_run_dir(run_dir).release()
+    assert victim.read_text() != "a user's file"

@@ -36,8 +36,9 @@ from volt.callbacks.rng_state import RNGStateInCheckpoint
 from volt.callbacks.watched_metric import WatchedMetricCheck
 from volt.callbacks.weight_averaging import ExponentialMovingAverage
 from volt.checkpointing import AtomicCheckpointIO
+from volt.config.execution_whitelist import instantiate_whitelist
 from volt.config.redaction import redacted_container
-from volt.config.targets import check_targets, locate_checked
+from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targets, locate_checked
 from volt.errors import ConfigError
 from volt.gpu import apply_compile
 from volt.strategies.fsdp import FSDPStrategy
@@ -56,9 +57,11 @@ class TrainingObjects:
 
 def instantiate_checked(node: Any, trusted: Sequence[str], **kwargs: Any) -> Any:
     """Hydra's instantiate, once every callable `node` names is allowed (`volt.config.targets`):
-    every object volt builds from a config comes through here."""
+    every object volt builds from a config comes through here. Hydra checks the same allow-list
+    again where it takes one (`volt.config.execution_whitelist`)."""
     check_targets(node, trusted)
-    return instantiate(node, **kwargs)
+    whitelist = instantiate_whitelist(allowed_prefixes(trusted), RETURNED_CALLABLES)
+    return instantiate(node, **whitelist, **kwargs)
 
 
 def build_datamodule(
@@ -196,24 +199,29 @@ def build_trainer(
     loggers = build_loggers(cfg.get("logger"), trusted)
     if not loggers:  # Lightning refuses a learning-rate monitor with nothing to log to
         callbacks = [c for c in callbacks if not isinstance(c, LearningRateMonitor)]
-    trainer_cfg = copy.deepcopy(cfg.trainer)
-    with open_dict(trainer_cfg):
-        given = trainer_cfg.pop("plugins", None) or []
-        given = [instantiate_checked(p, trusted) if OmegaConf.is_config(p) else p for p in given]
-        if OmegaConf.select(cfg, "trainer.sync_batchnorm"):
-            trainer_cfg.sync_batchnorm = False  # volt's layers come as a plugin (apply_toggles)
-        # Checkpoints through a temporary file and a rename (a kill never leaves a torn one),
-        # loaded with weights_only=True; a CheckpointIO of the user's own is kept instead.
-        if not any(isinstance(p, CheckpointIO) for p in given):
-            plugins = [*plugins, AtomicCheckpointIO()]
-        if trainer_cfg.get("enable_checkpointing") is None:
-            # Without volt's checkpoint callbacks (callbacks=none) Lightning would add its own,
-            # writing where neither resume nor eval looks.
-            trainer_cfg.enable_checkpointing = any(
-                isinstance(c, ModelCheckpoint) for c in callbacks
-            )
+    # What volt adds goes in as instantiate's keyword arguments, the config untouched: hydra-core
+    # 1.4 builds a node inside a copy of its parent, where a key added to a copy of the node alone
+    # is refused (struct).
+    added: dict[str, Any] = {}
+    given = cfg.trainer.get("plugins") or []
+    given = [instantiate_checked(p, trusted) if OmegaConf.is_config(p) else p for p in given]
+    if OmegaConf.select(cfg, "trainer.sync_batchnorm"):
+        added["sync_batchnorm"] = False  # volt's layers come as a plugin (apply_toggles)
+    # Checkpoints through a temporary file and a rename (a kill never leaves a torn one),
+    # loaded with weights_only=True; a CheckpointIO of the user's own is kept instead.
+    if not any(isinstance(p, CheckpointIO) for p in given):
+        plugins = [*plugins, AtomicCheckpointIO()]
+    if cfg.trainer.get("enable_checkpointing") is None:
+        # Without volt's checkpoint callbacks (callbacks=none) Lightning would add its own,
+        # writing where neither resume nor eval looks.
+        added["enable_checkpointing"] = any(isinstance(c, ModelCheckpoint) for c in callbacks)
     trainer: pl.Trainer = instantiate_checked(
-        trainer_cfg, trusted, callbacks=callbacks, logger=loggers or False, plugins=given + plugins
+        cfg.trainer,
+        trusted,
+        callbacks=callbacks,
+        logger=loggers or False,
+        plugins=given + plugins,
+        **added,
     )
     allow_clipping_fused_optimizers(trainer)
     return trainer
@@ -242,7 +250,9 @@ def build_trial_pruning(watch: str) -> list[Callback]:
     hydra_cfg = HydraConfig.get()
     pruner = hydra_cfg.sweeper.get("pruner")
     link = TrialLink(Path(hydra_cfg.sweep.dir), hydra_cfg.sweeper.study_name, number)
-    return [TrialPruning(watch, link, instantiate(pruner) if pruner else default_pruner())]
+    whitelist = instantiate_whitelist(["optuna.pruners"])
+    built = instantiate(pruner, **whitelist) if pruner else default_pruner()
+    return [TrialPruning(watch, link, built)]
 
 
 def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects:

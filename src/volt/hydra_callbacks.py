@@ -23,7 +23,7 @@ from volt.errors import ConfigError
 from volt.rebuild import read_evaluated_run
 from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
 from volt.runs.records import record_failure
-from volt.runs.resume import check_same_run
+from volt.runs.resume import check_same_run, refuse_links
 from volt.sweeps.summary import print_sweep_summary, write_sweep_summary
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,9 @@ class VoltCallback(Callback):
             check_config(config)
             check_run_dir(config)
             check_machine(config)
+            if config.get("name"):  # an existing directory may have come from someone else
+                named = config.hydra.sweep.dir if multirun else config.hydra.run.dir
+                refuse_links(Path(named), f"name={config.name}")
             if "ckpt_path" in config:  # eval
                 # The checkpoint's config is data: refused here before Hydra makes the run
                 # directory, against this command's trusted_targets, never the checkpoint's own.

@@ -8,7 +8,8 @@ than they hold, is refused before any memory is taken.
 """
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,13 @@ from volt.build import (
 from volt.callbacks.prediction_writer import CSVPredictionWriter
 from volt.checkpointing import read_stored_checkpoint
 from volt.config import PROJECT_ROOT
-from volt.config.stored import SECTIONS, check_stored_precision, check_stored_sections
+from volt.config.execution_whitelist import instantiate_whitelist
+from volt.config.stored import (
+    SECTIONS,
+    check_stored_precision,
+    check_stored_sections,
+    stored_prefixes,
+)
 from volt.console import one_line
 from volt.errors import ConfigError
 
@@ -48,6 +55,11 @@ class StoredRun:
     precision: str | None
     channels_last: bool
     weights: dict[str, torch.Tensor]  # the state_dict on the meta device: names, shapes, dtypes
+    prefixes: tuple[str, ...]  # where its targets were checked to lie, Hydra's whitelist too
+
+    def instantiate(self, section: DictConfig) -> Any:
+        """Hydra's instantiate on a section of this run, checked already."""
+        return instantiate(section, **instantiate_whitelist(self.prefixes))
 
 
 def read_stored_run(
@@ -83,6 +95,7 @@ def read_stored_run(
         precision=config.get("precision"),
         channels_last=bool(channels_last),
         weights=weights,
+        prefixes=stored_prefixes(trusted),
     )
 
 
@@ -108,9 +121,14 @@ def build_stored_model(
     needs no more memory than the checkpoint's tensors (plus EXTRA_*_ALLOWED)."""
     model_cfg = model_with_data(OmegaConf.create(stored.model), datamodule, from_data)
     try:
-        with torch.device("meta"):
-            twin = instantiate(model_cfg)
-    except InstantiationException as error:
+        with torch.device("meta"), modules_at_most(_module_budget(stored.weights)):
+            twin = stored.instantiate(model_cfg)
+    # A constructor's missing argument: hydra-core 1.3 wraps it in an InstantiationException,
+    # 1.4 (seen: 1.4.0rc3) lets the TypeError through. Catch the TypeError alone once volt
+    # requires hydra-core>=1.4.
+    except (InstantiationException, TypeError) as error:
+        if isinstance(error.__cause__, ConfigError):  # modules_at_most's refusal
+            raise error.__cause__ from error
         if from_data:
             raise
         # Checkpoints before 2026-11-26 stored the model config without the values the task
@@ -121,7 +139,36 @@ def build_stored_model(
             " task=classification (or task=language_model)"
         ) from error
     _check_against_weights(twin, stored.weights)
-    return instantiate(model_cfg)
+    return stored.instantiate(model_cfg)
+
+
+def _module_budget(weights: Mapping[str, torch.Tensor]) -> int:
+    """How many submodules the twin may register: ten for each module the weights name (layers
+    without weights, an activation or a dropout, name none), and a margin."""
+    owners = {name.rsplit(".", 1)[0] for name in weights if "." in name}
+    return 10 * len(owners) + 10_000
+
+
+@contextmanager
+def modules_at_most(budget: int) -> Iterator[None]:
+    """Refuses the build at the `budget`-th submodule registered (`n_layer: 10**7` in a stored
+    config would otherwise build for hours, on the meta device too, before any shape is seen)."""
+    registered = 0
+
+    def count(module: torch.nn.Module, name: str, submodule: torch.nn.Module | None) -> None:
+        nonlocal registered
+        registered += 1
+        if registered > budget:
+            raise ConfigError(
+                f"model: the checkpoint's config builds more than {budget:,} submodules, far more"
+                " than its weights name: refused while building it on the meta device"
+            )
+
+    handle = torch.nn.modules.module.register_module_module_registration_hook(count)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _check_against_weights(twin: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
@@ -157,7 +204,7 @@ def build_evaluation(cfg: DictConfig, stored: StoredRun) -> TrainingObjects:
     trusted = cfg.trusted_targets
     task = cfg.get("task") or OmegaConf.create({"from_data": {}, "module": None})
     if stored.data is not None:
-        datamodule = instantiate(OmegaConf.create(stored.data))
+        datamodule = stored.instantiate(OmegaConf.create(stored.data))
     else:
         datamodule = build_datamodule(cfg.data, trusted, **data_overrides(cfg))
     model = build_stored_model(stored, datamodule, task.from_data)
@@ -194,7 +241,7 @@ def load_trained_module(
     data_dir = Path(data_dir) if data_dir is not None else PROJECT_ROOT / "data"
     stored = read_stored_run(ckpt_path, trusted, (), data_dir, data_overrides={})
     assert stored.data is not None
-    datamodule = instantiate(OmegaConf.create(stored.data))
+    datamodule = stored.instantiate(OmegaConf.create(stored.data))
     module = build_stored_model(stored, datamodule, from_data or {})
     checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     module.load_state_dict(checkpoint["state_dict"])

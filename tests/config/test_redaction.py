@@ -23,7 +23,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
-from volt.config import CONF_DIR
+from volt.config import CONF_DIR, register_resolver
+from volt.config.composition import VERSION_BASE
 from volt.config.redaction import redacted_container, refuse_literal_secrets, says_secret
 from volt.errors import ConfigError
 
@@ -121,7 +122,7 @@ def test_values_from_the_environment_are_stored_as_their_interpolation(
 
 def test_a_value_no_text_reproduces_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = iter(range(100))
-    OmegaConf.register_new_resolver("volt_test_count", lambda _: next(calls), replace=True)
+    register_resolver("volt_test_count", lambda _: next(calls))
     monkeypatch.setenv("VOLT_TEST_SECRET", "s")
     cfg = OmegaConf.create({"n": "${volt_test_count:${oc.env:VOLT_TEST_SECRET}}"})
     with pytest.raises(ConfigError, match=r"^n is built from an environment variable"):
@@ -159,7 +160,7 @@ def composed(*overrides: str) -> DictConfig:
     """The config as VoltCallback._validate receives it: with `hydra`, before the job runs."""
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
             return compose("train", overrides=list(overrides), return_hydra_config=True)
     finally:
         GlobalHydra.instance().clear()

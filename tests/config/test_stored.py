@@ -146,3 +146,34 @@ def test_known_precisions_pass(value: str | None) -> None:
 def test_other_precisions_are_refused(value: Any) -> None:
     with pytest.raises(ConfigError, match=r"give precision=\.\.\. on the command line"):
         check_stored_precision(value)
+
+
+def test_an_explicit_device_is_refused(tmp_path: Path) -> None:
+    """A device given to a layer beats the meta device volt sizes a stored model on."""
+    stored = changed("model.net.activation", {"_target_": "torch.nn.Linear", "device": "cpu"})
+    with pytest.raises(ConfigError, match=r"model\.net\.activation\.device is not allowed"):
+        check(stored, tmp_path)
+
+
+@pytest.mark.parametrize("place", ["escaped/deep/cache", "", "data_but_not/inside"])
+def test_a_path_argument_is_a_place_even_when_relative_and_new(
+    place: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TextBytesDataModule's cache_dir is annotated as a path: whatever it holds is where the
+    module writes, existing or not, relative or empty (the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    stored = changed(
+        "data",
+        {"_target_": "volt.data.text_bytes.TextBytesDataModule", "cache_dir": place},
+    )
+    with pytest.raises(ConfigError, match=r"data\.cache_dir=.* lies outside"):
+        check(stored, tmp_path / "data")
+    inside = copy.deepcopy(stored)
+    inside["data"]["cache_dir"] = "data/text"
+    check(inside, tmp_path / "data")
+
+
+def test_a_key_with_control_characters_is_refused(tmp_path: Path) -> None:
+    stored = changed("model.net.extra", {"\x1b]0;pwned\x07": 1})
+    with pytest.raises(ConfigError, match="is not allowed in a stored config"):
+        check(stored, tmp_path)

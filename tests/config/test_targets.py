@@ -9,7 +9,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from volt.config import CONF_DIR
+from volt.config import CONF_DIR, register_resolver
 from volt.config.targets import check_stored_config, check_targets
 from volt.errors import ConfigError
 
@@ -210,7 +210,7 @@ def test_stored_interpolations_are_refused(value: str) -> None:
 
 def test_stored_interpolations_are_refused_unresolved() -> None:
     calls: list[str] = []
-    OmegaConf.register_new_resolver("a_probe", lambda: calls.append("ran") or 0)
+    register_resolver("a_probe", lambda: calls.append("ran") or 0)
     try:
         with pytest.raises(ConfigError, match=r"x: '\$\{a_probe:\}' is not allowed"):
             check_stored_config(OmegaConf.create({"x": "${a_probe:}"}), trusted=[])

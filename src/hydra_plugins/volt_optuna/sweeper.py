@@ -65,12 +65,14 @@ class VoltOptunaSweeper(Sweeper):
         return search.run(self.n_trials, self.n_jobs)
 
     def _sampler(self, trials_so_far: int) -> Any:
+        from volt.config.execution_whitelist import instantiate_whitelist
+
         given = self.sampler or {"_target_": "optuna.samplers.TPESampler"}
         config = OmegaConf.to_container(OmegaConf.create(given), resolve=True)
         assert isinstance(config, dict)
         if config.get("seed") is not None:
             config["seed"] += trials_so_far
-        return instantiate(config)
+        return instantiate(config, **instantiate_whitelist(["optuna.samplers"]))
 
     def _launch(self, jobs: list[list[str]], first_job: int) -> Sequence[JobReturn]:
         assert self.launcher is not None

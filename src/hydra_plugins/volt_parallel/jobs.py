@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
@@ -67,13 +67,15 @@ class JobProcess:
         self.job = job
         self.result_file = sweep.exchange_dir / f"{job.index}.result"
         job_file = sweep.exchange_dir / f"{job.index}.job"
+        # Hydra's callback objects as the sweep set them up (as Hydra's submitit launcher sends
+        # them) and, with hydra-core 1.4, the execution whitelist the job's logging is configured
+        # under; not the config loader: the job's config is composed.
+        context = replace(sweep.hydra_context, config_loader=None)  # type: ignore[arg-type]
         job_file.write_bytes(
             pickle.dumps(
                 {
                     "config": job.config,
-                    # Hydra's callback objects as the sweep set them up (as Hydra's submitit
-                    # launcher sends them); not the config loader: the config is composed.
-                    "callbacks": sweep.hydra_context.callbacks,
+                    "hydra_context": context,
                     "task_function": sweep.task_function,
                     "task_name": sweep.task_name,
                     "parent": os.getpid(),

@@ -95,7 +95,7 @@ class ParallelLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
         with read_write(config.hydra), open_dict(config.hydra):
-            config.hydra.job.id = index
+            config.hydra.job.id = str(index)  # a str field (OmegaConf 2.4 warns at an int)
             config.hydra.job.num = index
             config.hydra.sweep.dir = sweep_dir
         # As hydra.core.utils.run_job names it (the job's process does the same again), with the

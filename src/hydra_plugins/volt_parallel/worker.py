@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.utils import JobReturn, JobRuntime, JobStatus, run_job, setup_globals
-from hydra.types import HydraContext, TaskFunction
+from hydra.types import TaskFunction
 
 # <linux/prctl.h>
 _PR_SET_PDEATHSIG = 1
@@ -74,10 +74,9 @@ def main() -> None:
     # the resolvers it needs register on import, with the task function's module.
     JobRuntime.instance().set("name", job["task_name"])
     task_function = find_task_function(*job["task_function"])
-    # run_job only calls the callbacks; the job's config came composed, so no config loader.
-    hydra_context = HydraContext(config_loader=None, callbacks=job["callbacks"])  # type: ignore[arg-type]
+    # The sweep's context without its config loader: the job's config came composed.
     job_return = run_job(
-        hydra_context=hydra_context,
+        hydra_context=job["hydra_context"],
         task_function=task_function,
         config=job["config"],
         job_dir_key="hydra.sweep.dir",

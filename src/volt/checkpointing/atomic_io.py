@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from volt.checkpointing.tensor_sizes import OversizedTensorError, check_tensor_sizes
+
 log = logging.getLogger(__name__)
 
 # Temporaries are named for the writer (host, pid) so a later save can tell a killed writer's
@@ -152,6 +154,10 @@ def _load(path: Path, map_location: Any, weights_only: bool) -> dict[str, Any]:
             f"Cannot load checkpoint {path}: it holds a {type(checkpoint).__name__}, not the dict "
             "a checkpoint is"
         )
+    try:
+        check_tensor_sizes(checkpoint, path)
+    except OversizedTensorError as err:
+        raise CheckpointLoadError(f"Cannot load checkpoint {err}") from err
     return checkpoint
 
 

@@ -5,6 +5,8 @@ from typing import Any
 
 import torch
 
+from volt.checkpointing.tensor_sizes import check_tensor_sizes
+
 CHECKPOINT_KEY = "volt_config"
 
 
@@ -28,6 +30,7 @@ def read_stored_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, torch.
     checkpoint = torch.load(path, map_location="meta", weights_only=True)
     if CHECKPOINT_KEY not in checkpoint:
         raise KeyError(f"{path} holds no '{CHECKPOINT_KEY}': it was not written by volt's training")
+    check_tensor_sizes(checkpoint, path)
     weights = checkpoint.get("state_dict")
     if not isinstance(weights, dict) or not all(
         isinstance(v, torch.Tensor) for v in weights.values()

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from volt.config import CONF_DIR
+from volt.config.execution_whitelist import main_whitelist
 from volt.errors import ConfigError
 
 # hydra-core 1.3 needs version_base="1.3" (without it, it warns and behaves as 1.1); 1.4 (seen:
@@ -53,7 +54,9 @@ def hydra_main(
     `on_config_error` instead of Hydra's report."""
 
     def decorate(task: TaskFunction) -> Callable[..., Any]:
-        on_conf = hydra.main(config_path=str(CONF_DIR), config_name=config_name, **VERSION_BASE)
+        on_conf = hydra.main(
+            config_path=str(CONF_DIR), config_name=config_name, **VERSION_BASE, **main_whitelist()
+        )
         run_hydra = on_conf(task)
 
         @functools.wraps(task)

@@ -75,7 +75,7 @@ def check_stored_sections(
     """Raise ConfigError, naming the key, for the first thing in the stored `sections` that volt
     would not rebuild (see the module docstring). `trusted` and `allow_env` come from the user's
     command line or local config, never from the file."""
-    prefixes = (*STORED_PREFIXES, *trusted_prefixes(trusted), *checkout_packages())
+    prefixes = stored_prefixes(trusted)
     homes = (*STORED_HOMES, *trusted_prefixes(trusted), *checkout_packages())
     allowed_env = set(allow_env)
     for section in sections:
@@ -86,9 +86,18 @@ def check_stored_sections(
                 f" {TARGET_KEY}: it was not written by volt's training"
             )
         for key, target_node in _target_nodes(node, section):
-            _check_target_node(key, target_node, section, prefixes, homes)
+            found = _check_target_node(key, target_node, section, prefixes, homes)
+            for argument in _path_arguments(found) & set(target_node):
+                for place in _as_list(target_node[argument]):
+                    _check_place(f"{key}.{argument}", place, data_dir)
         for key, value in _strings(node, section):
             _check_string(key, value, allowed_env, data_dir)
+
+
+def stored_prefixes(trusted: Iterable[Any]) -> tuple[str, ...]:
+    """What a stored config's targets may lie in: STORED_PREFIXES, the user's `trusted_targets`
+    and the checkout's own packages. Volt's check and Hydra's execution whitelist both read it."""
+    return (*STORED_PREFIXES, *trusted_prefixes(trusted), *checkout_packages())
 
 
 def check_stored_precision(value: Any) -> None:
@@ -101,9 +110,16 @@ def check_stored_precision(value: Any) -> None:
 
 def _check_target_node(
     key: str, node: Mapping[str, Any], section: str, prefixes: tuple, homes: tuple
-) -> None:
+) -> type:
+    """The class `node` builds, once it may be built from a file."""
     target = node[TARGET_KEY]
     where = f"{key}: _target_={target}"
+    if "device" in node:
+        # An explicit device beats `with torch.device("meta")`: the twin volt sizes the model
+        # with would be built for real (volt.rebuild).
+        raise ConfigError(
+            f"{key}.device is not allowed in a stored config: volt places the model itself"
+        )
     for special in REFUSED_KEYS:
         if special in node:
             raise ConfigError(
@@ -137,6 +153,30 @@ def _check_target_node(
             f"{where} is not allowed: a stored config builds {article(names)} here, and it is"
             " not one"
         )
+    return found
+
+
+def _path_arguments(found: type) -> set[str]:
+    """The constructor arguments annotated as paths (`root: str | Path`): a relative or empty
+    value there is a place too, where a data module creates folders and writes files."""
+    try:
+        parameters = inspect.signature(found).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in parameters if "Path" in str(p.annotation)}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _check_place(key: str, value: Any, data_dir: Path) -> None:
+    if isinstance(value, str) and not _inside(value, data_dir):
+        raise ConfigError(
+            f"{key}={value!r} is not allowed: it lies outside this project's data folder"
+            f" {data_dir}, and a stored config may only name places inside it; pass"
+            " data_root=... or data=<a local data config> on the command line"
+        )
 
 
 def _check_string(key: str, value: str, allowed_env: set[str], data_dir: Path) -> None:
@@ -154,12 +194,8 @@ def _check_string(key: str, value: str, allowed_env: set[str], data_dir: Path) -
                 f" allow_env=[{read.group(1)}] to your command if you mean to give it that variable"
             )
         return
-    if _names_a_place(value) and not _inside(value, data_dir):
-        raise ConfigError(
-            f"{key}={value!r} is not allowed: it lies outside this project's data folder"
-            f" {data_dir}, and a stored config may only name places inside it; pass"
-            " data_root=... or data=<a local data config> on the command line"
-        )
+    if _names_a_place(value):
+        _check_place(key, value, data_dir)
 
 
 def _names_a_place(value: str) -> bool:
@@ -193,7 +229,7 @@ def _strings(node: Any, key: str) -> Iterator[tuple[str, str]]:
     word: OmegaConf would otherwise read `${...}` in it later)."""
     if isinstance(node, Mapping):
         for k, value in node.items():
-            if not isinstance(k, str) or "${" in k:
+            if not isinstance(k, str) or "${" in k or not k.isprintable():
                 raise ConfigError(f"{key}: the key {k!r} is not allowed in a stored config")
             yield from _strings(value, f"{key}.{k}")
     elif isinstance(node, list | tuple):

@@ -42,6 +42,13 @@ ALLOWED = (
     "torch.profiler.schedule",  # debug=profiler
     "torch.profiler.tensorboard_trace_handler",
 )
+# What allowed functions return, by the names Hydra checks a returned callable by (hydra-core 1.4;
+# volt's own check reads targets only): debug=profiler's schedule and trace handler, closures
+# inside the functions ALLOWED names (seen: torch 2.14).
+RETURNED_CALLABLES = (
+    "torch.profiler.profiler.schedule.<locals>.schedule_fn",
+    "torch.profiler.profiler.tensorboard_trace_handler.<locals>.handler_fn",
+)
 # The interpolations a stored config may hold: environment reads, which volt writes there itself
 # (`volt.config.redaction` stores `${oc.env:NAME}`, never the value), also under oc.decode. Each
 # gives a value from the reader's own environment, and what it gives is checked again as it is
@@ -74,7 +81,7 @@ def check_targets(config: Any, trusted: Iterable[Any]) -> None:
     `config` is a DictConfig / ListConfig (resolved here, as `instantiate` would) or plain dicts
     and lists; `trusted` holds the user's extra packages (the `trusted_targets` key).
     """
-    allowed = (*ALLOWED, *trusted_prefixes(trusted), *checkout_packages())
+    allowed = allowed_prefixes(trusted)
     data = OmegaConf.to_container(config, resolve=True) if OmegaConf.is_config(config) else config
     targets = list(_targets(data, ""))
     # Every path is checked as text before any is resolved: resolving imports modules.
@@ -82,6 +89,12 @@ def check_targets(config: Any, trusted: Iterable[Any]) -> None:
         check_path(key, target, allowed)
     for key, target in targets:
         locate_checked(key, target)
+
+
+def allowed_prefixes(trusted: Iterable[Any]) -> tuple[str, ...]:
+    """What a composed config's targets may lie in: ALLOWED, the user's `trusted_targets` and the
+    checkout's own packages. Volt's check and Hydra's execution whitelist both read it."""
+    return (*ALLOWED, *trusted_prefixes(trusted), *checkout_packages())
 
 
 @cache
@@ -101,7 +114,18 @@ def checkout_packages(root: Path = PROJECT_ROOT) -> tuple[str, ...]:
             is_code = entry.suffix == ".py" or (entry.is_dir() and any(entry.glob("*.py")))
             if is_code and name.isidentifier() and _from_checkout(name, root):
                 found.add(name)
-    return tuple(sorted(found - {VOLT_PACKAGE, "hydra_plugins", "train", "setup", "conftest"}))
+    # volt's tests and benchmarks are folders of the checkout but no user's model code: their
+    # test doubles (a data set of any size, a module that fails on purpose) are never trusted.
+    not_models = {
+        VOLT_PACKAGE,
+        "hydra_plugins",
+        "train",
+        "setup",
+        "conftest",
+        "tests",
+        "benchmarks",
+    }
+    return tuple(sorted(found - not_models))
 
 
 def _from_checkout(name: str, root: Path) -> bool:

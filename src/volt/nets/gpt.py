@@ -30,7 +30,9 @@ class GPTConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be at least 1")
         if self.n_embd % self.n_head:
-            fits = next(h for h in range(self.n_head, 0, -1) if self.n_embd % h == 0)
+            # From n_embd down, not n_head: a head count of 10**15 would take days to walk.
+            start = min(self.n_head, self.n_embd)
+            fits = next(h for h in range(start, 0, -1) if self.n_embd % h == 0)
             raise ValueError(
                 f"n_embd={self.n_embd} does not split into n_head={self.n_head} heads: "
                 f"use a divisor of n_embd, e.g. n_head={fits}"

@@ -10,7 +10,7 @@ from volt.runs.records import (
     save_resolved_config,
     write_metrics,
 )
-from volt.runs.resume import ResumePlan, check_same_run, plan_resume
+from volt.runs.resume import ResumePlan, check_same_run, plan_resume, refuse_links
 
 __all__ = [
     "METRICS_FILE",
@@ -22,6 +22,7 @@ __all__ = [
     "lock_run_dir",
     "plan_resume",
     "record_failure",
+    "refuse_links",
     "run_record",
     "save_resolved_config",
     "write_metrics",

@@ -3,6 +3,7 @@ from its newest complete checkpoint instead of starting over."""
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,22 @@ def _identity(overrides: list[str], neutral: Sequence[str]) -> list[str]:
         return not any(key == n or key.startswith(f"{n}.") for n in neutral)
 
     return sorted(filter(changes_the_run, overrides))
+
+
+def refuse_links(directory: Path, key: str) -> None:
+    """A run directory volt continues holds no symbolic link, itself included: volt, Hydra and
+    Lightning write into it (the lock, run.json, .hydra/, train.log, checkpoints), and would
+    write, or delete, wherever a link points. A directory someone handed over is data."""
+    if not directory.exists() and not directory.is_symlink():
+        return
+    found = [directory] if directory.is_symlink() else []
+    for folder, folders, files in os.walk(directory):
+        found += [Path(folder, name) for name in folders + files if Path(folder, name).is_symlink()]
+    if found:
+        raise ConfigError(
+            f"{key}: {found[0]} is a symbolic link: volt writes into a run directory it continues"
+            " and does not follow links there; remove the links or pick another name"
+        )
 
 
 def check_same_run(run_dir: Path, name: str, overrides: list[str], neutral: Sequence[str]) -> None:
