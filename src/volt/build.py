@@ -22,6 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import Logger
@@ -61,7 +62,17 @@ def instantiate_checked(node: Any, trusted: Sequence[str], **kwargs: Any) -> Any
     again where it takes one (`volt.config.execution_whitelist`)."""
     check_targets(node, trusted)
     whitelist = instantiate_whitelist(allowed_prefixes(trusted), RETURNED_CALLABLES)
-    return instantiate(node, **whitelist, **kwargs)
+    try:
+        return instantiate(node, **whitelist, **kwargs)
+    except InstantiationException:
+        raise
+    except Exception as error:
+        # hydra-core 1.3 wraps what a constructor raises in an InstantiationException, which the
+        # entry points report as one line; 1.4 (seen: 1.4.0rc3) lets it through as it is, and it
+        # ended as a traceback. Wrapped here alike; delete once volt requires hydra-core>=1.4
+        # and the entry points catch the constructors' own errors.
+        target = node.get("_target_") if isinstance(node, Mapping | DictConfig) else None
+        raise InstantiationException(f"Error in call to target '{target}':\n{error!r}") from error
 
 
 def build_datamodule(
