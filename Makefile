@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv train test test-all lint format clean-outputs
+.PHONY: venv train test test-slow test-all lint format clean-outputs
 
 # The environment: made if missing, re-installed when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -17,10 +17,13 @@ venv: $(VENV)/.installed  ## only set up the environment
 train: $(VENV)/.installed  ## train with the defaults; pass overrides as ARGS="model=cnn trainer.max_epochs=5"
 	$(BIN)/python train.py $(ARGS)
 
-test: $(VENV)/.installed  ## the default test suite (CPU, fast); CI runs exactly this
+test: $(VENV)/.installed  ## the default test suite (CPU, fast); CI runs it first
 	$(BIN)/python -m pytest
 
-test-all: $(VENV)/.installed  ## also the slow tests (GPU tests need a CUDA machine: pytest -m gpu)
+test-slow: $(VENV)/.installed  ## only the slow tests (real servers, DDP searches, sweeps); CI runs them after `test`
+	$(BIN)/python -m pytest -m "slow and not gpu"
+
+test-all: $(VENV)/.installed  ## test and test-slow in one session (GPU tests need a CUDA machine: pytest -m gpu)
 	$(BIN)/python -m pytest -m "not gpu"
 
 lint: $(VENV)/.installed

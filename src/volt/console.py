@@ -1,5 +1,6 @@
 """What volt prints: the config tree at start, one line naming the hardware set-up, the result."""
 
+import io
 import logging
 import os
 import re
@@ -31,11 +32,22 @@ def route_lightning_logs() -> None:
 
     Lightning attaches its own stream handler at import when the root logger has none yet, which
     is always the case before Hydra configures logging, so its lines would miss the log file.
+    Its tips start with an emoji, which a console in a non-UTF-8 locale cannot print.
     """
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    escape_what_the_console_cannot_print()
+
+
+def escape_what_the_console_cannot_print() -> None:
+    """Characters that the locale's encoding lacks print as escapes (`\\U0001f4a1`), as on
+    Python's own stderr, where they raised UnicodeEncodeError and ended the run: Lightning's
+    tips start with an emoji, rich cuts a long table cell with an ellipsis. Seen in an ASCII
+    locale (LANG=C with Python's UTF-8 mode off); Latin-1 ones lack both characters too."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 def silence_known_warnings() -> None:
@@ -56,7 +68,7 @@ def print_config_tree(config: Mapping[str, Any], save_to: Path | None = None) ->
         tree.add(f"[bold]{key}[/bold]").add(Syntax(text, "yaml", theme="ansi_dark"))
     Console().print(tree)
     if save_to is not None:
-        with save_to.open("w") as f:
+        with save_to.open("w", errors="backslashreplace") as f:
             Console(file=f, width=120).print(tree)
 
 

@@ -62,9 +62,10 @@ def test_times_train_py_and_the_bare_script_on_the_cpu(tmp_path: Path) -> None:
     assert report["volt_command"][:2] == ["python", "train.py"]
     for side in ("volt", "bare"):
         wall, imports = report[side]["wall_s"]["median"], report[side]["imports_s"]["median"]
-        # Importing torch and Lightning alone takes seconds. (Not `imports < wall`: they are two
-        # processes, and on a loaded machine the one that only imports can take the longer.)
-        assert imports > 1 and wall > 1
+        # Measured, not how long: a fast machine imports torch and Lightning in under a second.
+        # (Not `imports < wall`: they are two processes, and on a loaded machine the one that
+        # only imports can take the longer.)
+        assert imports > 0 and wall > 0
         assert report[side]["after_imports_s"]["median"] == pytest.approx(wall - imports)
         assert report[side]["cpu_s"]["median"] > 0
     difference = report["volt"]["wall_s"]["median"] - report["bare"]["wall_s"]["median"]

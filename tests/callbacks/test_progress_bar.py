@@ -1,8 +1,10 @@
 """volt's progress bar reads the logged metrics (a GPU sync each time) only after the batches at
 which Lightning writes the logs, and at most every N seconds."""
 
+import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -16,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tests.tiny_regression import TinyRegression
 from volt.build import build_datamodule, build_model
+from volt.callbacks import progress_bar
 from volt.callbacks.progress_bar import RichProgressBar
 from volt.models.classifier import Classifier
 
@@ -123,6 +126,29 @@ def test_the_counter_moves_at_most_every_interval_and_ends_at_the_epochs_batches
     trainer.fit(Regression(), data)
     assert moves == [0]  # the first batch; the next hour's batches leave the counter be
     assert record.shown == [STEPS, STEPS]  # caught up at each epoch's end
+
+
+def test_the_first_batch_draws_on_a_machine_booted_a_second_ago(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # time.monotonic() counts from boot: a clock started at 0 would hold back every draw for the
+    # first interval of the machine's uptime. Here the bar's clock reads 1 s at the start.
+    booted = time.monotonic() - 1.0
+    clock = SimpleNamespace(monotonic=lambda: time.monotonic() - booted)
+    monkeypatch.setattr(progress_bar, "time", clock)
+    monkeypatch.setattr(RichProgressBar, "MOVE_EVERY_S", 60.0)
+    moves = []
+    parent = LightningRichProgressBar.on_train_batch_end
+
+    def counted(self: LightningRichProgressBar, trainer: pl.Trainer, *args: object) -> None:
+        moves.append(trainer.global_step - 1)
+        parent(self, trainer, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LightningRichProgressBar, "on_train_batch_end", counted)
+    reads, shown = reads_during_training(tmp_path, monkeypatch, metrics_every_s=60)
+    assert moves == [0]  # drawn at the first batch, then held for the interval
+    assert reads == [0]
+    assert "train/loss" in shown
 
 
 class EveryStepLogging(Classifier):

@@ -1,9 +1,11 @@
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from volt.runs import records
 from volt.runs.records import installed_packages
 
 
@@ -27,3 +29,24 @@ def test_installed_packages_read_the_header_only(
     assert [f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions()] == [
         "fake-pkg==1.2"
     ]  # as the email parser reads the whole file
+
+
+def test_the_uncommitted_diff_is_kept_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=volt", "-c", "user.email=volt@example.com"]
+    (repo / "notes.txt").write_bytes(b"plain\n")
+    for command in (["init", "-q"], ["add", "notes.txt"], ["commit", "-qm", "notes"]):
+        subprocess.run([*git, *command], check=True)
+    # UTF-8, which an ASCII locale cannot decode, and a Latin-1 byte, which UTF-8 cannot.
+    (repo / "notes.txt").write_bytes("plain \u2014 caf\u00e9\n".encode() + b"caf\xe9\n")
+    monkeypatch.setattr(records, "PROJECT_ROOT", repo)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with records.run_record(run_dir):
+        pass
+    diff = subprocess.run([*git, "diff", "HEAD"], capture_output=True, check=True).stdout
+    assert b"caf\xe9" in diff
+    assert (run_dir / "git.diff").read_bytes() == diff

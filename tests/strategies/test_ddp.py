@@ -13,7 +13,11 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from volt.strategies.launcher import reserve_rendezvous_port
+from volt.strategies.launcher import (
+    CRASHED_RANK_EXIT_S,
+    RANK_ZERO_GRACE_S,
+    reserve_rendezvous_port,
+)
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -166,9 +170,8 @@ def test_a_failing_rank_ends_the_run_quickly_with_its_error(
     when: str, rank_zero_ends: str, run_volt: Run, tmp_path: Path
 ) -> None:
     failure = f"+callbacks.fail={{_target_:{PROBES}.FailOnRank,rank:1,when:{when}}}"
-    start = time.monotonic()
-    result = run_volt([*QUICK, failure], timeout=120)
-    assert time.monotonic() - start < 60
+    result = run_volt([*QUICK, failure])
+    ended_at = time.time()
     assert result.returncode != 0
     assert f"injected failure on rank 1 ({when})" in result.stderr
     if rank_zero_ends == "raises":
@@ -176,12 +179,20 @@ def test_a_failing_rank_ends_the_run_quickly_with_its_error(
     else:
         assert result.returncode == -9
     run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
-    assert "injected failure on rank 1" in (run_dir / "train_rank1.log").read_text()
+    rank1_log = run_dir / "train_rank1.log"
+    assert "injected failure on rank 1" in rank1_log.read_text()
+    # Counted from rank 1's last words, not from the start, which takes over a minute on a busy
+    # machine: the launcher's deadlines, and room for a busy machine. A rank 0 left waiting
+    # for rank 1 in the rendezvous or a collective would take minutes.
+    assert ended_at - rank1_log.stat().st_mtime < RANK_ZERO_GRACE_S + CRASHED_RANK_EXIT_S + 10
     assert not processes_mentioning(str(tmp_path))
 
 
 def test_torchrun_ranks_share_one_run_directory(run_volt: Run, tmp_path: Path) -> None:
-    torchrun = ["--standalone", "--nproc_per_node=2", "train.py"]
+    # --local-addr: otherwise torchrun's ranks meet at the machine's host name, and where that
+    # name does not resolve they never do ("network addresses of (<host>, <port>) cannot be
+    # retrieved", torch 2.14): the run hung until the test's timeout.
+    torchrun = ["--standalone", "--nproc_per_node=2", "--local-addr=127.0.0.1", "train.py"]
     result = run_volt([*torchrun, *QUICK], module="torch.distributed.run")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")

@@ -148,10 +148,20 @@ class Marks(Callback):
         Path(config.hydra.runtime.output_dir, "job_end").write_text(json.dumps(marks))
 
 
+def meet(out, jobs):
+    """Waits until `jobs` jobs of the sweep have started (a minute at most): jobs meant to run at
+    once then overlap however slowly each process starts. Jobs run one by one would not."""
+    (out / "started").touch()
+    deadline = time.monotonic() + 60
+    while len(list(out.parent.glob("*/started"))) < jobs and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def task(cfg):
     out = Path(HydraConfig.get().runtime.output_dir)
     seen = {key: os.environ.get(key) for key in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
     seen.update(pid=os.getpid(), start=time.time())
+    meet(out, cfg.meet)
     if cfg.mode == "hang":  # and a process of its own, as a DDP job starts its ranks
         seen["child"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
         (out / "seen.json").write_text(json.dumps(seen))
@@ -176,6 +186,7 @@ trainer:
 mode: ok
 value: 0
 seconds: 1.0
+meet: 1  # jobs to wait for (this one included) before the job goes on
 hydra:
   job:
     chdir: false
@@ -238,8 +249,8 @@ def test_each_job_sees_only_its_gpus_and_a_failed_job_frees_them(
     launch: Launch, tmp_path: Path
 ) -> None:
     jobs = [
-        ["trainer.devices=1", "value=0"],
-        ["trainer.devices=1", "mode=raise", "seconds=0.2"],
+        ["trainer.devices=1", "value=0", "meet=2"],
+        ["trainer.devices=1", "mode=raise", "seconds=0.2", "meet=2"],
         ["trainer.devices=2", "value=2"],  # waits for two free GPUs
         ["trainer.devices=1", "value=3"],
         ["trainer.accelerator=cpu", "value=4"],  # wants no GPU
@@ -284,7 +295,7 @@ def test_a_batch_numbered_from_past_0_returns_its_jobs_in_order(
 def test_jobs_share_a_gpu_when_asked(launch: Launch, tmp_path: Path) -> None:
     returns = launch(
         ["hydra.launcher.gpus=[7]", "hydra.launcher.jobs_per_gpu=2"],
-        [[f"value={v}"] for v in range(3)],
+        [["value=0", "meet=2"], ["value=1", "meet=2"], ["value=2"]],
     )
     assert [r.return_value for r in returns] == [0, 10, 20]
     records = [seen(tmp_path, job) for job in range(3)]
@@ -298,7 +309,7 @@ def test_cpu_jobs_run_n_jobs_at_once_and_a_crashed_one_is_reported(
 ) -> None:
     returns = launch(
         ["hydra.launcher.gpus=[]", "hydra.launcher.n_jobs=2", "hydra.launcher.threads_per_job=3"],
-        [["value=1"], ["mode=crash", "seconds=0.1"], ["value=3"]],
+        [["value=1", "meet=2"], ["mode=crash", "seconds=0.1", "meet=2"], ["value=3"]],
     )
     assert [r.status for r in returns] == [
         JobStatus.COMPLETED,
@@ -310,7 +321,7 @@ def test_cpu_jobs_run_n_jobs_at_once_and_a_crashed_one_is_reported(
     # by name: Hydra's plugin scan executes the module again, making a class of its own
     assert type(error).__name__ == JobProcessError.__name__
     assert "exited with 3 before it could send back a result" in str(error)
-    assert returns[1].overrides == ["mode=crash", "seconds=0.1"]
+    assert returns[1].overrides == ["mode=crash", "seconds=0.1", "meet=2"]
     records = [seen(tmp_path, job) for job in range(3)]
     assert [(r["CUDA_VISIBLE_DEVICES"], r["OMP_NUM_THREADS"]) for r in records] == [("", "3")] * 3
     assert overlapping(records[0], records[1])

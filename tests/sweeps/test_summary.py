@@ -1,7 +1,9 @@
 """The sweep summary read from job directories as a sweep leaves them, while it runs and after."""
 
 import csv
+import io
 import json
+import sys
 from pathlib import Path
 
 import optuna
@@ -11,7 +13,14 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, dis
 from volt.runs import lock_run_dir
 from volt.sweeps.plots import PLOT_FILE, plot_search
 from volt.sweeps.pruning import open_journal
-from volt.sweeps.summary import CSV_FILE, MARKDOWN_FILE, main, objective, write_sweep_summary
+from volt.sweeps.summary import (
+    CSV_FILE,
+    MARKDOWN_FILE,
+    main,
+    objective,
+    print_sweep_summary,
+    write_sweep_summary,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -85,6 +94,18 @@ def test_the_summary_on_demand(sweep: Path, capsys: pytest.CaptureFixture[str]) 
     assert not (sweep / PLOT_FILE).exists()  # a grid sweep: no study to plot
     assert main([str(sweep / "missing")]) == 2
     assert main([str(sweep / "0_model.optimizer.lr=0.001")]) == 2
+
+
+def test_the_summary_prints_on_an_ascii_console(
+    sweep: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A narrow console: rich cuts the cells with an ellipsis, which ASCII lacks.
+    out = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="ascii"))
+    monkeypatch.setenv("COLUMNS", "40")
+    print_sweep_summary(sweep)
+    sys.stdout.flush()
+    assert "\\u2026" in out.getvalue().decode("ascii")
 
 
 def test_a_search_plots_its_objective_against_each_parameter(tmp_path: Path) -> None:

@@ -64,10 +64,20 @@ def read_metrics(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _git(*args: str) -> str | None:
-    """Output of a git command in the project, or None outside a git checkout / without git."""
+    """Output of a git command in the project, or None outside a git checkout / without git.
+
+    Git writes the files' own bytes (a diff of a UTF-8 README, say), whatever the locale: read
+    in the locale's encoding (ASCII under LANG=C with UTF-8 mode off) they raised
+    UnicodeDecodeError. Bytes that are not UTF-8 survive as surrogates, written back unchanged.
+    """
     try:
         done = subprocess.run(
-            ["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=10
+            ["git", *args],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            encoding="utf-8",
+            errors="surrogateescape",
+            timeout=10,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -119,7 +129,7 @@ def run_record(run_dir: Path) -> Iterator[None]:
         "status": "running",
     }
     if diff:
-        (run_dir / "git.diff").write_text(diff)
+        (run_dir / "git.diff").write_text(diff, encoding="utf-8", errors="surrogateescape")
     (run_dir / "packages.txt").write_text("\n".join(installed_packages()) + "\n")
     path = run_dir / "run.json"
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -17,6 +17,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from volt.console import escape_what_the_console_cannot_print
 from volt.runs import METRICS_FILE
 
 CSV_FILE = "summary.csv"
@@ -169,6 +170,7 @@ def print_sweep_summary(sweep_dir: Path) -> None:
         table.add_column(name, style="bold" if name == column else None)
     for row in rows:
         table.add_row(*(row.get(c, "") for c in shown))
+    escape_what_the_console_cannot_print()  # in a sweep's own process, which trains nothing
     console = Console()
     console.print(table)
     files = [sweep_dir / CSV_FILE, sweep_dir / MARKDOWN_FILE, *([plot] if plot else [])]

@@ -1,0 +1,30 @@
+"""What a run prints reaches the console and the log file whatever the locale's encoding."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from volt.config import PROJECT_ROOT
+
+# The C locale with Python's coercion to C.UTF-8 and its UTF-8 mode off: stdout and open()
+# encode in ASCII, as under LANG=en_US.ISO-8859-1 they would in Latin-1.
+ASCII_LOCALE = {"LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+
+
+def test_a_run_in_an_ascii_locale_escapes_what_the_console_cannot_print(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+    result = subprocess.run(
+        [sys.executable, "train.py", "debug=fdr", f"paths.outputs_dir={outputs}"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **ASCII_LOCALE},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Lightning's tips start with an emoji: printing one ended the run (UnicodeEncodeError), and
+    # the log file's handler reported a logging error for each.
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "UnicodeEncodeError" not in result.stdout + result.stderr
+    (log,) = outputs.glob("train/runs/*/train.log")
+    assert "fast_dev_run" in log.read_text(encoding="utf-8")
