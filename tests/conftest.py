@@ -49,8 +49,26 @@ _SIGTERM_BYTE = bytes([signal.SIGTERM])
 _wakeup: tuple[int, int] | None = None  # the pipe's (read, write) ends
 
 
+# pytest prints its summary (failures, --durations) only for its own exit codes: the session
+# stops as INTERRUPTED, and the process exits 128 + the signal after it (pytest_unconfigure).
+_session: pytest.Session | None = None
+_stopped_by: int | None = None
+
+
 def _stop_session(signum: int, frame: object) -> None:
-    pytest.exit(f"stopped by {signal.Signals(signum).name}", returncode=128 + signum)
+    global _stopped_by
+    _stopped_by = signum
+    pytest.exit(f"stopped by {signal.Signals(signum).name}", returncode=pytest.ExitCode.INTERRUPTED)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _session
+    _session = session
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _stopped_by is not None and _session is not None:
+        _session.exitstatus = 128 + _stopped_by
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -79,7 +97,10 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
             received += chunk
     signal.signal(signal.SIGTERM, _stop_session)
     if _SIGTERM_BYTE in received and not own:
-        pytest.exit(f"stopped by SIGTERM during {item.nodeid}", returncode=128 + signal.SIGTERM)
+        global _stopped_by
+        _stopped_by = signal.SIGTERM
+        message = f"stopped by SIGTERM during {item.nodeid}"
+        pytest.exit(message, returncode=pytest.ExitCode.INTERRUPTED)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
