@@ -31,8 +31,10 @@ ROOMS = {
     "tuning",
     "device_report",
 }
-# training (what a run does: prepare, fit, test) sits on build (configs -> objects).
-LAYER = {**dict.fromkeys(ENTRY, 0), "training": 1, "build": 2, **dict.fromkeys(ROOMS, 3)}
+# training (what a run does: prepare, fit, test) and rebuild (a trained run from its checkpoint)
+# sit on build (configs -> objects).
+LAYER = {**dict.fromkeys(ENTRY, 0), "training": 1, "rebuild": 1, "build": 2}
+LAYER.update(dict.fromkeys(ROOMS, 3))
 LAYER.update(dict.fromkeys(LEAVES, 4))
 
 
