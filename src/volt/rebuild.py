@@ -54,7 +54,7 @@ class StoredRun:
     data: dict[str, Any] | None  # None: the command names its own data
     precision: str | None
     channels_last: bool
-    weights: dict[str, torch.Tensor]  # the state_dict on the meta device: names, shapes, dtypes
+    weights: dict[str, torch.Tensor]  # the state_dict mapped from the file, not read
     prefixes: tuple[str, ...]  # where its targets were checked to lie, Hydra's whitelist too
 
     def instantiate(self, section: DictConfig) -> Any:

@@ -24,10 +24,12 @@ def read_stored_config(path: Path) -> dict[str, Any]:
 
 
 def read_stored_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The stored config and the `state_dict` on the meta device (names, shapes and dtypes, no
-    values), from one read with weights_only=True. Both are data from a file: check the config
-    (`volt.config.stored`) and compare shapes before building anything from it."""
-    checkpoint = torch.load(path, map_location="meta", weights_only=True)
+    """The stored config and the `state_dict` (names, shapes and dtypes; its values mapped from
+    the file, not read), from one load with weights_only=True. Both are data from a file: check
+    the config (`volt.config.stored`) and compare shapes before building anything from it."""
+    # Mapped, not read: the tensors' bytes stay in the file until something touches them, and
+    # their storages are the file's own, so what they claim is checked against what it holds.
+    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     if CHECKPOINT_KEY not in checkpoint:
         raise KeyError(f"{path} holds no '{CHECKPOINT_KEY}': it was not written by volt's training")
     check_tensor_sizes(checkpoint, path)

@@ -21,8 +21,8 @@ class OversizedTensorError(ValueError):
 
 
 def check_tensor_sizes(checkpoint: Any, path: Path) -> None:
-    """Raise OversizedTensorError for a tensor larger than its storage, or storages that add up
-    to more bytes than the file at `path` has."""
+    """Raise OversizedTensorError for a tensor larger than its storage, or (for tensors loaded
+    off the meta device) storages that add up to more bytes than the file at `path` has."""
     storages: dict[int, int] = {}
     for key, tensor in _tensors(checkpoint, ""):
         storage = tensor.untyped_storage()
@@ -32,7 +32,11 @@ def check_tensor_sizes(checkpoint: Any, path: Path) -> None:
                 f" its storage ({storage.nbytes()} bytes): an expanded view, which loading copies"
                 " to full size"
             )
-        storages[storage._cdata] = storage.nbytes()
+        # Storages are told apart by where their bytes are: tied weights share theirs. On the
+        # meta device every tensor gets a storage of its own (torch 2.14), so there the sum
+        # would count a tied weight twice: it is checked where the bytes are loaded (or mapped).
+        if tensor.device.type != "meta":
+            storages[storage.data_ptr()] = storage.nbytes()
     declared, size = sum(storages.values()), path.stat().st_size
     if declared > size:
         raise OversizedTensorError(
