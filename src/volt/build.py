@@ -38,7 +38,6 @@ from volt.callbacks.watched_metric import WatchedMetricCheck
 from volt.callbacks.weight_averaging import ExponentialMovingAverage
 from volt.checkpointing import AtomicCheckpointIO
 from volt.config.execution_whitelist import instantiate_whitelist
-from volt.config.redaction import redacted_container
 from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targets, locate_checked
 from volt.errors import ConfigError
 from volt.gpu import apply_compile
@@ -139,11 +138,26 @@ def model_with_data(
 ) -> DictConfig:
     """A copy of the model config with the arguments `from_data` names filled in: what the run
     really builds, and what its checkpoints store."""
+    return model_with_values(model, arguments_from_data(from_data, datamodule, model))
+
+
+def model_with_values(model: DictConfig, values: Mapping[str, Any]) -> DictConfig:
+    """A copy of the model config with `values` (dotted keys) set."""
     model = copy.deepcopy(model)
     with open_dict(model):
-        for key, value in arguments_from_data(from_data, datamodule, model).items():
+        for key, value in values.items():
             OmegaConf.update(model, key, value, force_add=True)
     return model
+
+
+def set_dotted(tree: dict[str, Any], values: Mapping[str, Any]) -> None:
+    """`values` (dotted keys) set in plain nested dicts."""
+    for key, value in values.items():
+        *parents, last = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
 
 
 def toggled_module(model: pl.LightningModule, path: str | None) -> nn.Module:
@@ -273,11 +287,11 @@ def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects
     # The whole config at once: full key names in the message, and nothing built before it.
     check_targets(cfg, trusted)
     datamodule = build_datamodule(cfg.data, trusted)
-    model_cfg = model_with_data(cfg.model, datamodule, cfg.task.from_data)
+    filled = arguments_from_data(cfg.task.from_data, datamodule, cfg.model)
     # Checkpoints store the model as built, the data module's values in place: eval and
     # load_trained_module rebuild it from the file without a task (volt.rebuild).
-    resolved["model"] = redacted_container(model_cfg)
-    model = instantiate_checked(model_cfg, trusted)
+    set_dotted(resolved["model"], filled)
+    model = instantiate_checked(model_with_values(cfg.model, filled), trusted)
     plugins = apply_toggles(cfg, model)
     # The resolved config in every checkpoint (`volt.eval` rebuilds the run from it alone), and
     # the random generators' states, so a resumed run draws what an unbroken one would.

@@ -324,10 +324,14 @@ def test_a_run_its_resume_and_eval_write_no_secret(
     assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
     assert_run_got_the_secret(tmp_path / "receipts", secret, ranks=1)
     assert_stored_as_interpolation(run_dir)
-    # eval rebuilds the net from the checkpoint's config: dropout read from the environment again.
+    # eval reads no variable a checkpoint names at an ordinary key (issue #31): the run's own
+    # dropout, stored as its environment read, is refused with one line, the secret unread.
     last = run_dir / "checkpoints" / "last.ckpt"
     evaluated = run_volt([f"ckpt_path={last}", "trusted_targets=[tests]"], module="volt.eval")
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert evaluated.returncode == 2, evaluated.stderr[-3000:]
+    assert "model.net.dropout: '${oc.decode:${oc.env:VOLT_TEST_DROPOUT}}' is not allowed" in (
+        evaluated.stderr
+    )
     assert assert_nowhere([secret, dropout], tmp_path / "outputs") > 20
     for output in (first, resumed, evaluated):
         assert secret not in output.stdout + output.stderr
