@@ -719,7 +719,7 @@ def test_a_handed_over_run_directory_with_a_link_is_refused(tmp_path: Path) -> N
         check=False,
     )
     assert done.returncode == 2, done.stderr[-3000:]
-    assert f"name=handed: {run_dir / 'run.json'} is a symbolic link" in done.stderr
+    assert f"name=handed: {run_dir / 'run.json'} is a symbolic link to {victim}" in done.stderr
     assert victim.read_text() == "a user's file"
     assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]
     # The control: the first write volt makes there, the lock, goes through a link.

@@ -129,3 +129,21 @@ def test_damaged_last_checkpoint_falls_back_to_the_previous_good_one(tmp_path: P
     assert f"skipping damaged checkpoint {checkpoints / 'last.ckpt'}" in log
     assert f"resuming run torn from {best}" in log
     assert torch.load(checkpoints / "last.ckpt", weights_only=True)["global_step"] == 2 * 19
+
+
+def test_links_within_a_run_directory_are_kept_and_links_out_refused(tmp_path: Path) -> None:
+    """W&B's links (inside the run, and to its cache) are W&B's; a link out of a folder volt
+    writes in would carry volt's writes."""
+    from volt.errors import ConfigError
+    from volt.runs import refuse_links
+
+    run_dir = tmp_path / "run"
+    (run_dir / "wandb" / "run-1" / "logs").mkdir(parents=True)
+    (run_dir / "wandb" / "latest-run").symlink_to("run-1")
+    (run_dir / "wandb" / "run-1" / "logs" / "core.log").symlink_to(tmp_path / "cache.log")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "best.ckpt").symlink_to("last.ckpt")
+    refuse_links(run_dir, "name=run")
+    (run_dir / "checkpoints" / "escape").symlink_to(tmp_path)
+    with pytest.raises(ConfigError, match=r"is a symbolic link to .*, outside the run directory"):
+        refuse_links(run_dir, "name=run")

@@ -3,7 +3,6 @@ from its newest complete checkpoint instead of starting over."""
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,20 +30,36 @@ def _identity(overrides: list[str], neutral: Sequence[str]) -> list[str]:
     return sorted(filter(changes_the_run, overrides))
 
 
+# Where volt, Hydra and Lightning write in a run directory: its own files (the lock, run.json,
+# train.log, metrics.json, the TensorBoard events...), .hydra/, checkpoints/. Deeper folders
+# belong to the library that made them (W&B links its logs to ~/.cache/wandb).
+WRITTEN_FOLDERS = (".", ".hydra", "checkpoints")
+
+
 def refuse_links(directory: Path, key: str) -> None:
-    """A run directory volt continues holds no symbolic link, itself included: volt, Hydra and
-    Lightning write into it (the lock, run.json, .hydra/, train.log, checkpoints), and would
-    write, or delete, wherever a link points. A directory someone handed over is data."""
-    if not directory.exists() and not directory.is_symlink():
+    """A run directory volt continues holds no symbolic link out of it where volt, Hydra and
+    Lightning write (WRITTEN_FOLDERS), itself included: they would write, or delete, wherever
+    such a link points. A directory someone handed over is data. Links within it are kept."""
+    if directory.is_symlink():
+        _refuse_link(directory, key)
+    if not directory.is_dir():
         return
-    found = [directory] if directory.is_symlink() else []
-    for folder, folders, files in os.walk(directory):
-        found += [Path(folder, name) for name in folders + files if Path(folder, name).is_symlink()]
-    if found:
-        raise ConfigError(
-            f"{key}: {found[0]} is a symbolic link: volt writes into a run directory it continues"
-            " and does not follow links there; remove the links or pick another name"
-        )
+    inside = directory.resolve()
+    for folder in WRITTEN_FOLDERS:
+        place = directory / folder
+        entries = [place] if folder != "." else []
+        entries += list(place.iterdir()) if place.is_dir() and not place.is_symlink() else []
+        for path in entries:
+            if path.is_symlink() and not path.resolve().is_relative_to(inside):
+                _refuse_link(path, key)
+
+
+def _refuse_link(path: Path, key: str) -> None:
+    raise ConfigError(
+        f"{key}: {path} is a symbolic link to {path.resolve()}, outside the run directory: volt"
+        " writes into a run it continues and would write there; remove the link or pick another"
+        " name"
+    )
 
 
 def check_same_run(run_dir: Path, name: str, overrides: list[str], neutral: Sequence[str]) -> None:
