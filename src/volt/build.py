@@ -290,7 +290,7 @@ def build_training(cfg: DictConfig, resolved: dict[str, Any]) -> TrainingObjects
     filled = arguments_from_data(cfg.task.from_data, datamodule, cfg.model)
     # Checkpoints store the model as built, the data module's values in place: eval and
     # load_trained_module rebuild it from the file without a task (volt.rebuild).
-    set_dotted(resolved["model"], filled)
+    set_dotted(resolved.setdefault("model", {}), filled)
     model = instantiate_checked(model_with_values(cfg.model, filled), trusted)
     plugins = apply_toggles(cfg, model)
     # The resolved config in every checkpoint (`volt.eval` rebuilds the run from it alone), and
