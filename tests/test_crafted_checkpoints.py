@@ -23,6 +23,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from tests.named_runs import train_steps
 from volt import eval as volt_eval
 from volt import rank as rank_entry
 from volt import rebuild
@@ -603,22 +604,10 @@ def test_ddp_ranks_of_a_resumed_handed_over_run_train_rank_0s_config(tmp_path: P
     """A run directory someone handed over holds a crafted config_resolved.yaml: resuming it under
     trainer=ddp, rank 0 writes its own before the ranks start, and they read only that one."""
     outputs = tmp_path / "outputs"
-    common = [
-        "name=handed",
-        "trainer=ddp",
-        "trainer.devices=2",
-        "callbacks.progress_bar=null",
-        "callbacks.model_summary=null",
-        "logger=none",
-        "test=false",
-        f"paths.outputs_dir={outputs}",
-    ]
 
     def train(steps: int) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "train.py", f"trainer.max_steps={steps}", *common]
-        return subprocess.run(
-            command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
-        )
+        ddp = ("trainer=ddp", "trainer.devices=2")
+        return train_steps(outputs, "handed", steps, *ddp, timeout=300)
 
     first = train(12)
     assert first.returncode == 0, first.stderr[-3000:]

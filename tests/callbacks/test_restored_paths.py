@@ -5,7 +5,6 @@ that folder at the next save. The control reproduces that defect with Lightning 
 import json
 import logging
 import subprocess
-import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -14,10 +13,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.named_runs import train_steps
 from tests.tiny_regression import TinyRegression
 from volt.callbacks.restored_paths import RestoredPathsCheck
 from volt.checkpointing import AtomicCheckpointIO
-from volt.config import PROJECT_ROOT
 
 
 def loader() -> DataLoader:
@@ -108,21 +107,9 @@ def test_resuming_a_handed_over_run_keeps_the_users_files(tmp_path: Path) -> Non
     crafted, is resumed; the folder its state names survives, and one line says what was
     dropped."""
     outputs = tmp_path / "outputs"
-    common = [
-        "name=handed",
-        "callbacks.progress_bar=null",
-        "callbacks.model_summary=null",
-        "logger=none",
-        "test=false",
-        f"paths.outputs_dir={outputs}",
-    ]
 
     def train(steps: int) -> subprocess.CompletedProcess[str]:
-        # trainer.max_steps may change between attempts of one named run (conf/hydra).
-        command = [sys.executable, "train.py", f"trainer.max_steps={steps}", *common]
-        return subprocess.run(
-            command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240, check=False
-        )
+        return train_steps(outputs, "handed", steps)
 
     first = train(25)  # an epoch is 20 steps: last.ckpt holds the first
     assert first.returncode == 0, first.stderr[-3000:]
