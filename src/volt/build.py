@@ -17,6 +17,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
@@ -249,7 +250,25 @@ def build_trainer(
         **added,
     )
     allow_clipping_fused_optimizers(trainer)
+    no_collective_in_sigterm_handler(trainer)
     return trainer
+
+
+def no_collective_in_sigterm_handler(trainer: pl.Trainer) -> None:
+    """Lightning's SIGTERM handler (2.5.2 to 2.6.6, PR #20825) forwards the signal to the ranks it
+    started and then broadcasts a tensor from inside the handler: a collective at whatever point
+    each rank's handler happens to run. Ranks signalled at different moments (one inside an FSDP
+    all-gather of test, the other in its handler's broadcast) wait for each other for good (seen
+    on 2 gloo ranks; NCCL the same). volt stops on signals itself: GracefulShutdown agrees at step
+    boundaries during the fit, volt.runs.stop_signals stops where the run is elsewhere, and the
+    launcher stops the ranks it started. So Lightning's handler only takes note. Remove when
+    Lightning no longer communicates inside its handler (#20806 and #21487 are open)."""
+    connector = trainer._signal_connector
+
+    def take_note(signum: int, frame: FrameType | None) -> None:
+        connector.received_sigterm = True
+
+    connector._sigterm_notifier_fn = take_note  # type: ignore[method-assign,assignment]
 
 
 def allow_clipping_fused_optimizers(trainer: pl.Trainer) -> None:

@@ -41,7 +41,13 @@ class VerdictOfAllRanksError(RuntimeError):
 
 
 class RankFailedError(RuntimeError):
-    """Another rank of the run exited with an error; its own traceback is in its log."""
+    """Another rank of the run exited with an error; str(error) says which and, where the rank
+    said it, why (its traceback, if any, is in its log). `user_facing`: the rank's error was one
+    written for the user (out of memory, a config value): the run ends with its one line."""
+
+    def __init__(self, message: str, user_facing: bool = False) -> None:
+        super().__init__(message)
+        self.user_facing = user_facing
 
 
 class TrainingOutOfMemoryError(RuntimeError):

@@ -34,16 +34,40 @@ def apply_compile(
     net.compile(mode=mode, fullgraph=fullgraph, dynamic=dynamic)
 
 
-def explain_oom(batch_size: int | None, device: torch.device) -> str:
-    """One paragraph for a CUDA out-of-memory during training: the numbers and what to change
-    (`batch_size`: the data module's, when it has one)."""
+def explain_oom(
+    batch_size: int | None,
+    device: torch.device,
+    processes: int = 1,
+    sharded: bool = False,
+    checkpointing_key: str | None = None,
+) -> str:
+    """One paragraph for a CUDA out-of-memory during training: the numbers and what to change.
+
+    `batch_size`: the data module's (per GPU under DDP and FSDP); `processes`: the run's ranks;
+    `sharded`: the weights are already sharded (trainer=fsdp); `checkpointing_key`: the setting
+    that turns activation checkpointing on for this model, where it has one."""
     gib = 1024**3
-    peak = torch.cuda.max_memory_allocated(device) / gib
-    total = torch.cuda.get_device_properties(device).total_memory / gib
-    smaller = f"data.batch_size={max(1, batch_size // 2)}" if batch_size else "a smaller one"
-    return (
-        f"CUDA out of memory on {device} with data.batch_size={batch_size}: peak {peak:.1f} GiB "
-        f"allocated of {total:.1f} GiB. Try a smaller batch ({smaller}), "
-        "mixed precision (precision=bf16-mixed or 16-mixed), or let volt find the largest batch "
-        "that fits (tune=batch_size)."
-    )
+    try:
+        peak = torch.cuda.max_memory_allocated(device) / gib
+        total = torch.cuda.get_device_properties(device).total_memory / gib
+        used = f"peak {peak:.1f} GiB allocated of {total:.1f} GiB"
+    except (ValueError, RuntimeError, AssertionError):  # not a CUDA device, no CUDA build
+        used = f"no CUDA memory figures for {device}"
+    half = f"data.batch_size={max(1, batch_size // 2)}" if batch_size else "a smaller one"
+    if processes == 1:
+        where = f"{device} with data.batch_size={batch_size}"
+        fixes = [f"a smaller batch ({half})"]
+    else:
+        where = f"{device} (one of {processes} GPUs) with data.batch_size={batch_size} per GPU"
+        fixes = [f"fewer samples per GPU ({half})"]
+    fixes.append("mixed precision (precision=bf16-mixed or 16-mixed)")
+    if processes > 1 and not sharded:
+        fixes.append("trainer=fsdp (each GPU holds 1/N of the weights, gradients, optimiser state)")
+    if checkpointing_key:
+        fixes.append(f"activation checkpointing ({checkpointing_key}=true)")
+    else:
+        fixes.append("activation checkpointing in your net")
+    fixes.append("a smaller model")
+    if processes == 1:
+        fixes.append("or let volt find the largest batch that fits (tune=batch_size)")
+    return f"CUDA out of memory on {where}: {used}. Try {', '.join(fixes)}."

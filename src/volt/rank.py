@@ -13,12 +13,15 @@ import sys
 from pathlib import Path
 
 import torch
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
+from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.config.targets import check_stored_config
-from volt.console import exit_on_config_error
-from volt.errors import ConfigError, TrainingInterrupted
-from volt.strategies.launcher import rank_log_file
+from volt.console import exit_on_config_error, one_line
+from volt.data.downloads import DataNotFoundError
+from volt.errors import ConfigError, TrainingInterrupted, TrainingOutOfMemoryError
+from volt.strategies.launcher import USER_ERROR_EXIT, rank_failed, rank_log_file
 from volt.training import train
 
 log = logging.getLogger("volt")
@@ -76,11 +79,23 @@ def main() -> None:
     except TrainingInterrupted as stop:  # saved by rank 0; leave as quickly as on failure
         logging.shutdown()
         os._exit(int(stop.code or 1))
-    except Exception:
+    except (
+        ConfigError,
+        DataNotFoundError,
+        InstantiationException,
+        TrainingOutOfMemoryError,
+        NonFiniteLossError,
+    ) as error:
+        # Written for the user, as train.py reports them: one line, which rank 0 repeats.
+        log.error("%s%s", rank_failed(rank), one_line(error))
+        logging.shutdown()
+        os._exit(USER_ERROR_EXIT)
+    except Exception as error:
         # Logged rather than left to the interpreter so that the rank's own log holds it too. Then
-        # out at once: rank 0 reads this exit code to tell what broke the run, and a failed rank
-        # has nothing to save, so the interpreter's slow teardown would only delay the report.
-        log.exception("Rank %d failed", rank)
+        # out at once: rank 0 reads this exit code and line to tell what broke the run, and a
+        # failed rank has nothing to save, so the interpreter's slow teardown would only delay
+        # the report.
+        log.exception("%s%s", rank_failed(rank), one_line(error))
         logging.shutdown()
         os._exit(1)
     # The run is over and this rank writes nothing else: skip the interpreter's teardown, where

@@ -15,7 +15,7 @@ from volt.config.composition import hydra_main
 from volt.config.run_dirs import remove_run_dir_made_here
 from volt.console import exit_on_config_error
 from volt.data.downloads import DataNotFoundError
-from volt.errors import ConfigError, TrainingOutOfMemoryError
+from volt.errors import ConfigError, RankFailedError, TrainingOutOfMemoryError
 from volt.training import train
 
 
@@ -36,6 +36,11 @@ def main(cfg: DictConfig) -> float | None:
         exit_on_config_error(error)
     except (TrainingOutOfMemoryError, NonFiniteLossError) as error:
         if in_multirun():
+            raise
+        exit_on_config_error(error)
+    except RankFailedError as error:
+        # Another rank's error written for the user (its out-of-memory): the same one line.
+        if in_multirun() or not error.user_facing:
             raise
         exit_on_config_error(error)
     # What a sweeper optimises: the watched metric's best value, else its last.

@@ -11,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import ModelParallelStrategy
 from omegaconf import DictConfig
 
 from volt.build import TrainingObjects, build_training
@@ -69,15 +70,36 @@ def fit_and_test(
 ) -> tuple[dict[str, float], str]:
     """Fit (continuing from `resume_from` if given), then test the best checkpoint (or the final
     weights when none was kept). The metrics: validation's last values, the best value of the
-    watched metric as `<watch>_best` when a checkpoint callback followed it, and the test's."""
+    watched metric as `<watch>_best` when a checkpoint callback followed it, and the test's.
+    A CUDA out-of-memory in either ends as `TrainingOutOfMemoryError`, saying what to change."""
+    try:
+        return _fit_and_test(run, test, resume_from, watch, stopper)
+    except torch.OutOfMemoryError as error:
+        raise TrainingOutOfMemoryError(_explain_oom(run)) from error
+
+
+def _explain_oom(run: TrainingObjects) -> str:
+    strategy = run.trainer.strategy
+    net = getattr(run.model, "net", None)
+    return explain_oom(
+        getattr(run.datamodule, "batch_size", None),
+        strategy.root_device,
+        processes=run.trainer.world_size,
+        sharded=isinstance(strategy, ModelParallelStrategy),
+        checkpointing_key=(
+            "model.net.activation_checkpointing"
+            if hasattr(net, "activation_checkpointing")
+            else None
+        ),
+    )
+
+
+def _fit_and_test(
+    run: TrainingObjects, test: bool, resume_from: Path | None, watch: str, stopper: RunStopper
+) -> tuple[dict[str, float], str]:
     # From the sanity check on, GracefulShutdown answers signals (and saves) until training ends.
     stopper.at("starting the fit (the ranks, setup, compile, the data)")
-    try:
-        run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
-    except torch.OutOfMemoryError as error:
-        device = run.trainer.strategy.root_device
-        batch_size = getattr(run.datamodule, "batch_size", None)
-        raise TrainingOutOfMemoryError(explain_oom(batch_size, device)) from error
+    run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
     metrics = {
         k: float(v)
         for k, v in run.trainer.callback_metrics.items()

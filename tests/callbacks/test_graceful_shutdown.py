@@ -18,7 +18,7 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from volt.callbacks.graceful_shutdown import GracefulShutdown
+from volt.callbacks.graceful_shutdown import FIRST_STEP, GracefulShutdown
 from volt.config import PROJECT_ROOT
 from volt.errors import TrainingInterrupted
 
@@ -197,10 +197,26 @@ def test_a_signal_during_validation_stops_at_the_next_training_step(tmp_path: Pa
     assert fit_until_signalled(tmp_path, signal_at, max_epochs=3, val_check_interval=4) == 5
 
 
-def test_a_signal_during_the_sanity_check_stops_after_the_first_step(tmp_path: Path) -> None:
-    # Lightning's own SIGTERM handler would end the sanity check at once, exit status 0.
-    signal_at = SignalAt(signal.SIGTERM, "sanity check", 0)
-    assert fit_until_signalled(tmp_path, signal_at, max_epochs=1) == 1
+@pytest.mark.parametrize(
+    "signal_at",
+    [SignalAt(signal.SIGTERM, "sanity check", 0), SignalAt(signal.SIGINT, "train", 0)],
+    ids=["sanity-check", "first-batch"],
+)
+def test_a_signal_before_the_first_step_stops_at_once_saving_nothing(
+    signal_at: SignalAt, tmp_path: Path
+) -> None:
+    # Nothing is trained yet, and the first step may compile for minutes: waiting for it would
+    # outlast a scheduler's notice. (Lightning's own SIGTERM handler would exit 0 here.)
+    trainer = quiet_trainer([GracefulShutdown(tmp_path), signal_at], max_epochs=1)
+    handlers_before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        trainer.fit(Regression(), eight_batches(), eight_batches())
+    assert stopped.value.code == 128 + signal_at.signum
+    assert stopped.value.checkpoint is None
+    assert stopped.value.where == FIRST_STEP
+    assert trainer.global_step == 0
+    assert not (tmp_path / "last.ckpt").exists()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers_before
 
 
 def test_a_signal_during_the_last_validation_still_saves_and_exits(tmp_path: Path) -> None:
@@ -218,12 +234,14 @@ class SignalledWhileLoadingData(Regression):
 
 
 def test_a_sigterm_caught_by_lightning_before_the_fit_is_taken_over(tmp_path: Path) -> None:
-    # Lightning would stop this process alone with its own exception, saving nothing.
+    # Lightning would stop this process alone with its own exception, exit status 0.
     trainer = quiet_trainer([GracefulShutdown(tmp_path)], max_epochs=1, num_sanity_val_steps=0)
     with pytest.raises(TrainingInterrupted) as stopped:
         trainer.fit(SignalledWhileLoadingData())
     assert stopped.value.code == 143
-    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 1
+    assert stopped.value.where == FIRST_STEP
+    assert trainer.global_step == 0
+    assert not (tmp_path / "last.ckpt").exists()
 
 
 def start_volt(args: list[str], outputs: Path) -> subprocess.Popen[bytes]:

@@ -7,6 +7,8 @@ Hydra's config, the ranks volt starts from the run's resolved config. (Importabl
 
 import math
 import os
+import signal as signal_module
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -97,3 +99,73 @@ class SaveWhenTrainingStarts(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         trainer.save_checkpoint(Path(trainer.default_root_dir, "restored.ckpt"))
+
+
+class OutOfMemoryOnRank(Callback):
+    """Raises torch's CUDA out-of-memory error on rank `rank` at global step 3. With
+    `others_wait`, the other ranks then wait at that step for good, as ranks wait in an NCCL
+    collective for a peer that is gone (under gloo their next collective would fail at once)."""
+
+    def __init__(self, rank: int, others_wait: bool) -> None:
+        self.rank = rank
+        self.others_wait = others_wait
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        if trainer.global_step != 3:
+            return
+        if trainer.global_rank == self.rank:
+            note_the_failure(trainer)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        if self.others_wait:
+            threading.Event().wait()
+
+
+class SignalAt(Callback):
+    """Rank 0 sends `signal` at `moment` (setup, training, validation, checkpoint, test) to
+    itself alone (`whom: rank0`, as `kill PID` does) or to every process of the run (`whom:
+    all`, as Ctrl+C in a terminal or a scheduler does), once per run directory: it writes the
+    time to <run dir>/signalled_at.txt, and a run that finds the file (a resumed one) sends none.
+    """
+
+    MOMENTS = ("setup", "training", "validation", "checkpoint", "test")
+
+    def __init__(self, moment: str, whom: str, signal: str = "SIGTERM") -> None:
+        if moment not in self.MOMENTS or whom not in ("rank0", "all"):
+            raise ValueError(f"moment={moment!r} whom={whom!r}")
+        self.moment, self.whom = moment, whom
+        self.signum = getattr(signal_module, signal)
+
+    def _send(self, trainer: pl.Trainer, moment: str) -> None:
+        record = Path(trainer.default_root_dir, "signalled_at.txt")
+        if moment != self.moment or trainer.global_rank != 0 or record.exists():
+            return
+        record.write_text(repr(time.time()))
+        if self.whom == "all":
+            os.killpg(os.getpgrp(), self.signum)
+        else:
+            os.kill(os.getpid(), self.signum)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._send(trainer, "setup" if stage == "fit" else "")
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        self._send(trainer, "training" if trainer.global_step == 3 else "")
+
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        self._send(trainer, "" if trainer.sanity_checking else "validation")
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._send(trainer, "checkpoint")
+
+    def on_test_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        self._send(trainer, "test")

@@ -3,6 +3,7 @@ torchrun, in single runs and sweeps, and with a rank that fails."""
 
 import errno
 import json
+import re
 import socket
 import subprocess
 import time
@@ -162,8 +163,8 @@ def test_optuna_trials_sample_once_for_all_ranks_and_prune_together(
         # Rank 1 dies in a training step: rank 0's gloo collective fails, and the run raises.
         ("training", "raises"),
         # Rank 1 dies before the rendezvous, where rank 0 waits for it with no error to come:
-        # the launcher's observer kills rank 0 after its grace period.
-        ("built", "is killed"),
+        # the launcher's observer ends rank 0 after its grace period.
+        ("built", "is ended"),
     ],
 )
 def test_a_failing_rank_ends_the_run_quickly_with_its_error(
@@ -174,10 +175,20 @@ def test_a_failing_rank_ends_the_run_quickly_with_its_error(
     ended_at = time.time()
     assert result.returncode != 0
     assert f"injected failure on rank 1 ({when})" in result.stderr
+    said = re.compile(
+        rf"rank 1 of 2 failed: .*RuntimeError: injected failure on rank 1 \({when}\) \(its log"
+    )
     if rank_zero_ends == "raises":
-        assert "RankFailedError: rank 1 of 2 exited with code 1" in result.stderr
+        assert re.search(f"RankFailedError: {said.pattern}", result.stderr), result.stderr[-3000:]
     else:
-        assert result.returncode == -9
+        # The launcher's watcher ends it with rank 1's words (a constructor's error: one line,
+        # exit 2, as train.py reports it) and records the failure.
+        assert result.returncode == 2
+        assert re.search(f"volt: error: {said.pattern}", result.stderr), result.stderr[-3000:]
+        run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["status"] == "failed"
+        assert said.search(record["error"])
     run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
     rank1_log = run_dir / "train_rank1.log"
     assert "injected failure on rank 1" in rank1_log.read_text()
@@ -185,6 +196,38 @@ def test_a_failing_rank_ends_the_run_quickly_with_its_error(
     # machine: the launcher's deadlines, and room for a busy machine. A rank 0 left waiting
     # for rank 1 in the rendezvous or a collective would take minutes.
     assert ended_at - rank1_log.stat().st_mtime < RANK_ZERO_GRACE_S + CRASHED_RANK_EXIT_S + 10
+    assert not processes_mentioning(str(tmp_path))
+
+
+@pytest.mark.slow  # four DDP and FSDP runs: about 3 minutes on 2 cores
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("others_wait", [False, True], ids=["collective-fails", "rank-0-waits"])
+def test_out_of_memory_on_one_rank_ends_every_rank_with_volts_line(
+    strategy: str, others_wait: bool, run_volt: Run, tmp_path: Path
+) -> None:
+    """Rank 1 runs out of memory. Rank 0 either sees its next collective fail (gloo), or waits in
+    it for good (NCCL, where the main thread waits in C): either way the run ends with volt's
+    one line for the out-of-memory, exit 2, and run.json says it failed, within the launcher's
+    grace period."""
+    oom = f"{{_target_:{PROBES}.OutOfMemoryOnRank,rank:1,others_wait:{str(others_wait).lower()}}}"
+    sharding = ["trainer.strategy.wrap=[]"] if strategy == "fsdp" else []  # the digits MLP
+    result = run_volt([*QUICK, f"trainer={strategy}", *sharding, f"+callbacks.oom={oom}"])
+    ended_at = time.time()
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("volt: error: ")]
+    assert line.startswith(
+        "volt: error: rank 1 of 2 failed: CUDA out of memory on cpu (one of 2 GPUs) with"
+        " data.batch_size=64 per GPU: no CUDA memory figures for cpu. Try fewer samples per GPU"
+        " (data.batch_size=32), mixed precision"
+    ), line
+    assert ("trainer=fsdp" in line) == (strategy == "ddp")  # the sharded run has it already
+    assert "Traceback" not in result.stderr
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed"
+    assert "CUDA out of memory on cpu" in record["error"]
+    failed_at = float((run_dir / "failed_at.txt").read_text())
+    assert ended_at - failed_at < RANK_ZERO_GRACE_S + CRASHED_RANK_EXIT_S + 10
     assert not processes_mentioning(str(tmp_path))
 
 

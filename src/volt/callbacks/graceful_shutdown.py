@@ -32,6 +32,8 @@ from volt.errors import TrainingInterrupted
 log = logging.getLogger(__name__)
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Where a signal that came before the fit's first optimizer step stopped it.
+FIRST_STEP = "waiting for the first training step (setup, the sanity check, compile)"
 
 
 class GracefulShutdown(Callback):
@@ -74,6 +76,7 @@ class GracefulShutdown(Callback):
         self._signum: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._steps_done = 0
+        self._stepped = False  # an optimizer step ran in this fit: from then on, there is to save
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()
@@ -82,13 +85,14 @@ class GracefulShutdown(Callback):
         self._install()  # again, for fits without a sanity check; installs once per fit
         self.agree_every_n_steps = steps_between_waits(trainer, self.every_n_steps)
         self._steps_done = trainer.global_step
+        self._stepped = False
         if not self._previous_handlers:
             return  # not installed: Lightning's handler and its check stay in charge
         if trainer.received_sigterm:
             # Lightning's handler took a SIGTERM before ours was installed. Its flag would stop
-            # this rank alone at the next batch; take it over so every rank stops together.
-            self._signum = self._signum or signal.SIGTERM
+            # this rank alone at the next batch, saving nothing; nothing is trained yet: stop.
             trainer._signal_connector.received_sigterm = False
+            self._stop_now(signal.SIGTERM, None)
         _skip_lightning_sigterm_check(trainer, skip=True)
 
     def on_train_batch_end(
@@ -102,6 +106,7 @@ class GracefulShutdown(Callback):
         if trainer.global_step == self._steps_done:
             return  # inside an accumulation window: no optimizer step yet
         self._steps_done = trainer.global_step
+        self._stepped = True
         if trainer.world_size == 1:
             self._stop_if_signalled(trainer, self._signum or 0)
         elif trainer.global_step % self.agree_every_n_steps == 0:  # the same step on every rank
@@ -143,6 +148,10 @@ class GracefulShutdown(Callback):
         raise TrainingInterrupted(signum, self.checkpoint_path)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._stepped:
+            # Nothing trained in this fit yet (setup, the sanity check, the first step's
+            # compile, which can take minutes): nothing to save, so stop now, as before the fit.
+            self._stop_now(signum, frame)
         if self._signum is None:
             self._signum = signum
             log.warning(
@@ -154,6 +163,17 @@ class GracefulShutdown(Callback):
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
 
+    def _stop_now(self, signum: int, frame: FrameType | None) -> None:
+        """Hand the signal to the handler this one replaced (volt.runs.stop_signals' under
+        train.py, which says where the run stopped and raises), or raise here."""
+        previous = self._previous_handlers.get(signum)
+        self._uninstall()
+        # Python's own SIGINT handler would raise KeyboardInterrupt, which Lightning turns into
+        # exit status 1.
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+        raise TrainingInterrupted(signum, None, FIRST_STEP)
+
     def _install(self) -> None:
         if self._previous_handlers:
             return
@@ -161,6 +181,7 @@ class GracefulShutdown(Callback):
             log.warning("GracefulShutdown is off: signal handlers need the main thread")
             return
         self._signum = None
+        self._stepped = False
         for signum in _SIGNALS:
             self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
 

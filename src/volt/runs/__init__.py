@@ -5,6 +5,7 @@ from volt.runs.hparams_tab import hparams_session
 from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
 from volt.runs.records import (
     METRICS_FILE,
+    end_open_records,
     record_failure,
     run_record,
     save_resolved_config,
@@ -18,6 +19,7 @@ __all__ = [
     "RunLock",
     "RunLockedError",
     "check_same_run",
+    "end_open_records",
     "hparams_session",
     "lock_run_dir",
     "plan_resume",

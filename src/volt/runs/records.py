@@ -110,6 +110,21 @@ def _metadata_header(text: str) -> Iterator[tuple[str, str]]:
             yield field, value.strip()
 
 
+# The run.json records of runs in progress in this process, by path: what `end_open_records`
+# completes when a thread must end the process while the main thread cannot (os._exit).
+_open_records: dict[Path, dict[str, Any]] = {}
+
+
+def end_open_records(status: str, **details: Any) -> None:
+    """Write how the run ended into every run.json still open in this process, from a thread
+    that is about to end the process with `os._exit` (the main thread waits in C: a collective,
+    the rendezvous), where run_record's own ending would never run."""
+    for path, record in list(_open_records.items()):
+        record.update(status=status, **details)
+        record["ended"] = datetime.datetime.now().isoformat(timespec="seconds")
+        path.write_text(json.dumps(record, indent=2) + "\n")
+
+
 @contextmanager
 def run_record(run_dir: Path) -> Iterator[None]:
     """run.json: command line, git commit, start/end time and how the run ended; beside it the
@@ -133,6 +148,7 @@ def run_record(run_dir: Path) -> Iterator[None]:
     (run_dir / "packages.txt").write_text("\n".join(installed_packages()) + "\n")
     path = run_dir / "run.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
+    _open_records[path] = record
     try:
         yield
         record["status"] = run_status(None)
@@ -146,5 +162,6 @@ def run_record(run_dir: Path) -> Iterator[None]:
             record["error"] = f"{type(error).__name__}: {error}"
         raise
     finally:
+        _open_records.pop(path, None)
         record["ended"] = datetime.datetime.now().isoformat(timespec="seconds")
         path.write_text(json.dumps(record, indent=2) + "\n")

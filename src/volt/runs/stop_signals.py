@@ -29,6 +29,7 @@ from types import FrameType
 from typing import Any
 
 from volt.errors import TrainingInterrupted
+from volt.runs.records import end_open_records
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def _unless_handled(stopper: RunStopper, signum: int) -> None:
     if stopper.handled.wait(MAIN_THREAD_GRACE_S):
         return
     stopper.say(signum, " (waiting outside Python: in the rendezvous, a collective or I/O)")
+    end_open_records("interrupted", signal=signal.Signals(signum).name)
     children = _children()
     for pid in children:
         _signal(pid, signal.SIGTERM)

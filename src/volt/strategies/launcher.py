@@ -15,10 +15,15 @@ the same block only closes the process group.)
 When a rank fails, Lightning's observer kills the other ranks at once and then kills rank 0 too,
 which would end a whole sweep. Here rank 0 gets `RANK_ZERO_GRACE_S` to end the run itself: under
 gloo its next collective fails at once ("Connection closed by peer"), the run raises, and a sweep
-goes on with its next job. NCCL collectives wait for a dead peer until their timeout instead, and
-neither backend notices a rank that dies before joining the process group; rank 0 is then killed
-after the grace period, as Lightning does. An error that every rank raises at the same step from
-a verdict they pooled (`VerdictOfAllRanksError`: FiniteGuard's NaN) is rank 0's own to report;
+goes on with its next job. NCCL collectives wait for a dead peer until their timeout instead (the
+main thread waits in C, where no exception or signal handler reaches it), and neither backend
+notices a rank that dies before joining the process group: after the grace period the watcher
+ends rank 0's process itself, as Lightning's would with SIGKILL, but first says what the failed
+rank said and records the run as failed in run.json. A failed rank logs its error's one line;
+it exits 2 when that error was written for the user (out of memory, a config value), and the run
+then ends with that line as train.py ends on its own such errors; 1 for any other. An error that
+every rank raises at the same step from a verdict they pooled (`VerdictOfAllRanksError`:
+FiniteGuard's NaN), or rank 0's own out-of-memory, is rank 0's own to report;
 the other ranks' exits with it blame no one.
 
 Under torchrun or SLURM's srun the ranks exist already and nothing is launched (Lightning asks its
@@ -57,7 +62,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from volt.config import PROJECT_ROOT
-from volt.errors import RankFailedError, VerdictOfAllRanksError
+from volt.errors import RankFailedError, TrainingOutOfMemoryError, VerdictOfAllRanksError
+from volt.runs import end_open_records
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,9 @@ RANK_ZERO_GRACE_S = 20
 CRASHED_RANK_EXIT_S = 5
 # After rank 0 ended the run well: how long the other ranks may take to exit.
 RANK_EXIT_TIMEOUT_S = 60
+# How a rank that did not fail by itself ends: killed here, or stopped by a signal it was sent
+# (exit 128 + the signal, volt.errors.TrainingInterrupted).
+_STOPPED_NOT_FAILED = {-signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGINT}
 # Set by the launcher in rank 0 for the process group; restored when the run ends.
 _RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
 # Before torch 2.8 TCPStore's libuv server takes over a listening socket handed to it but never
@@ -75,9 +84,31 @@ _RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT")
 _LIBUV_SERVES_A_SOCKET = torch.__version__ >= "2.8"
 
 
+# A rank > 0 that fails exits with this code when its error was written for the user (out of
+# memory, a config value: `volt.rank`), 1 for any other; its log then holds `rank_failed(rank)`
+# followed by the error's one line, which rank 0 repeats as the run's error.
+USER_ERROR_EXIT = 2
+
+
 def rank_log_file(run_dir: Path, rank: int) -> Path:
     """Where rank `rank` (> 0) logs: next to rank 0's `train.log`."""
     return run_dir / f"train_rank{rank}.log"
+
+
+def rank_failed(rank: int) -> str:
+    """How a failed rank's log line starts, before its error's one line."""
+    return f"Rank {rank} failed: "
+
+
+def said_by_failed_rank(log_file: Path, rank: int) -> str | None:
+    """The one line of error that rank `rank` logged as it failed, if it did."""
+    marker = rank_failed(rank)
+    try:
+        with log_file.open(encoding="utf-8", errors="replace") as lines:
+            said = [line.split(marker, 1)[1].strip() for line in lines if marker in line]
+    except OSError:
+        return None
+    return said[-1] if said else None
 
 
 def reserve_rendezvous_port(address: str) -> "torch.distributed.TCPStore":
@@ -222,10 +253,12 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
             started.append(f"rank {rank} (pid {self.procs[-1].pid})")
         if started:
             log.info("Started %s from %s", ", ".join(started), self.rank_config)
-        self._observer = _RankObserver(os.getpid(), self.procs, self._run_ended)
+        self._observer = _RankObserver(
+            os.getpid(), self.procs, self._run_ended, self._describe_failure
+        )
         self._observer.start()
 
-    def wait_for_ranks(self) -> str | None:
+    def wait_for_ranks(self) -> RankFailedError | None:
         """After rank 0 ended the run well: wait for the other ranks; say which failed, if any."""
         self._run_ended.set()
         # Close the process group first: every rank does so as its run ends, and a rank whose
@@ -238,9 +271,9 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
                 proc.kill()
                 proc.wait()
         failed = self._ranks_that_failed()
-        return self._describe(failed) if failed else None
+        return RankFailedError(*self._describe(failed)) if failed else None
 
-    def stop_ranks(self) -> str | None:
+    def stop_ranks(self) -> RankFailedError | None:
         """After rank 0's run raised: stop the other ranks; say which of them failed first, if any.
 
         A rank whose crash broke rank 0's collective may still be exiting: it gets a moment to
@@ -259,9 +292,9 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
         crashed = {
             rank: proc
             for rank, proc in self._ranks_that_failed().items()
-            if proc.returncode != -signal.SIGKILL
+            if proc.returncode not in _STOPPED_NOT_FAILED
         }
-        return self._describe(crashed) if crashed else None
+        return RankFailedError(*self._describe(crashed)) if crashed else None
 
     def _ranks_that_failed(self) -> dict[int, subprocess.Popen]:
         node_rank = self.cluster_environment.node_rank()
@@ -271,13 +304,34 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
             if proc.returncode
         }
 
-    def _describe(self, failed: dict[int, subprocess.Popen]) -> str:
+    def _describe(self, failed: dict[int, subprocess.Popen]) -> tuple[str, bool]:
+        """What the failed ranks said (or their exit codes), and whether each failed with an
+        error written for the user."""
         run_dir = self.rank_config.parent
-        return "; ".join(
-            f"rank {rank} of {self.num_processes * self.num_nodes} exited with code"
-            f" {proc.returncode} (its error is above, and in {rank_log_file(run_dir, rank)})"
-            for rank, proc in failed.items()
-        )
+        world = self.num_processes * self.num_nodes
+        lines = []
+        for rank, proc in failed.items():
+            log_file = rank_log_file(run_dir, rank)
+            said = said_by_failed_rank(log_file, rank)
+            if said:
+                lines.append(f"rank {rank} of {world} failed: {said} (its log: {log_file})")
+            else:
+                lines.append(
+                    f"rank {rank} of {world} exited with code {proc.returncode} (its error is"
+                    f" above, and in {log_file})"
+                )
+        user_facing = all(proc.returncode == USER_ERROR_EXIT for proc in failed.values())
+        return "; ".join(lines), user_facing
+
+    def _describe_failure(self) -> tuple[str, bool]:
+        for proc in self.procs:
+            proc.poll()
+        failed = {
+            rank: p
+            for rank, p in self._ranks_that_failed().items()
+            if p.returncode not in _STOPPED_NOT_FAILED
+        }
+        return self._describe(failed) if failed else ("a rank was killed", False)
 
     def _release_rendezvous(self) -> None:
         # The next job of a sweep runs in this process: it must find no process group and no
@@ -293,13 +347,19 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
 
 
 class _RankObserver(_ChildProcessObserver):
-    """Lightning's watcher of the ranks it started, but rank 0 may end the run itself first."""
+    """Lightning's watcher of the ranks it started, but rank 0 may end the run itself first, and
+    when it cannot, the watcher ends it with the failed rank's words rather than a bare kill."""
 
     def __init__(
-        self, main_pid: int, child_processes: list[subprocess.Popen], run_ended: threading.Event
+        self,
+        main_pid: int,
+        child_processes: list[subprocess.Popen],
+        run_ended: threading.Event,
+        describe_failure: Callable[[], tuple[str, bool]],
     ) -> None:
         super().__init__(main_pid, child_processes, sleep_period=1)
         self._run_ended = run_ended
+        self._describe_failure = describe_failure
 
     @override
     def _run(self) -> bool:
@@ -312,14 +372,20 @@ class _RankObserver(_ChildProcessObserver):
             proc.send_signal(self._termination_signal)
         if self._run_ended.wait(RANK_ZERO_GRACE_S):
             return
+        # Rank 0 waits in C (an NCCL collective, the rendezvous), where neither an exception
+        # nor a signal handler reaches it: this thread ends the process, as Lightning's
+        # watcher would with SIGKILL, but first says why and records the run as failed.
+        said, user_facing = self._describe_failure()
         log.error(
-            "A rank failed and rank 0 did not end the run within %d s (it waits in a collective"
-            " or in the rendezvous): killing it.",
+            "%s; rank 0 still waited for it after %d s (in a collective or in the rendezvous)"
+            " and is ended",
+            said,
             RANK_ZERO_GRACE_S,
         )
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os.kill(self._main_pid, self._termination_signal)
+        end_open_records("failed", error=f"RankFailedError: {said}")
+        print(f"volt: error: {said}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(USER_ERROR_EXIT if user_facing else 1)
 
 
 @contextmanager
@@ -331,17 +397,19 @@ def ranks_end_with_run(trainer: pl.Trainer) -> Iterator[None]:
         return
     try:
         yield
-    except VerdictOfAllRanksError:
-        launcher.stop_ranks()  # every rank raised it too: rank 0's own error says it all
+    except (VerdictOfAllRanksError, TrainingOutOfMemoryError):
+        # Every rank raised it too (a pooled verdict), or rank 0's own out-of-memory, which says
+        # as much as another rank's: rank 0's own message is the run's.
+        launcher.stop_ranks()
         raise
     except Exception as error:
         crashed = launcher.stop_ranks()
         if crashed:
-            raise RankFailedError(crashed) from error
+            raise crashed from error
         raise
     except BaseException:  # Ctrl-C, sys.exit: every rank got or caused it; no one to blame
         launcher.stop_ranks()
         raise
     failed = launcher.wait_for_ranks()
     if failed:
-        raise RankFailedError(failed)
+        raise failed
