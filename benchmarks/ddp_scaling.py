@@ -186,7 +186,7 @@ SIDE_NAMES = {
     "volt_syncbn": "volt `trainer=ddp trainer.sync_batchnorm=true`",
     "dp": "volt `trainer=dp`",
 }
-README = REPO / "README.md"
+README = REPO / "docs" / "many_gpus.md"
 MARKERS = ("<!-- perf-ddp:begin -->", "<!-- perf-ddp:end -->")
 
 

@@ -79,7 +79,7 @@ from volt.gpu import apply_compile, apply_matmul_precision
 from volt.nets.gpt import GPT
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+README = REPO / "docs" / "many_gpus.md"
 BEGIN, END = "<!-- perf-gpt-multi:begin -->", "<!-- perf-gpt-multi:end -->"
 LADDER = ("40x3072", "48x4096", "64x4096")  # 4.5B, 9.7B, 12.9B parameters; see the docstring
 TINY_LADDER = ("2x128",)

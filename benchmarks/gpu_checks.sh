@@ -53,7 +53,7 @@ case ${1:-tests} in
     python benchmarks/fake_cifar10.py /tmp/data
     python benchmarks/ddp_scaling.py --root /tmp/data --batch-per-gpu 256 --readme \
       --json "$out/scaling.json" 2>&1 | grep --line-buffered -vi warn | tee "$out/scaling.log" | tail -16
-    cp README.md "$out/README.md"
+    cp docs/many_gpus.md "$out/"
     ;;
   gpt)  # two GPUs (issue #24): the GPT task under ddp and fsdp beside a plain DDP loop, then the
         # largest GPT each trains; rewrites the README's table from both
@@ -61,7 +61,7 @@ case ${1:-tests} in
     python benchmarks/gpt_scaling.py --runs --largest --json "$out/gpt_largest.json" \
       --work /tmp/gpt-scaling
     python benchmarks/gpt_scaling.py --report "$out"/gpt_*.json --readme
-    cp /tmp/gpt-scaling/*.log README.md "$out/" 2>/dev/null
+    cp /tmp/gpt-scaling/*.log docs/many_gpus.md "$out/" 2>/dev/null
     ;;
   sweeps)  # two GPUs (issue #25): sweeps side by side, a DDP queue, an Optuna search, a failed job
           # (needs the optuna and colorlog wheels beside Hydra's)
@@ -75,6 +75,6 @@ case ${1:-tests} in
   bench)  # the README's performance table (about 7 minutes on one H100)
     python benchmarks/perf.py --readme --json "$out/perf.json" 2>&1 | grep --line-buffered -vi warn \
       | tee "$out/perf.log" | tail -8
-    cp README.md "$out/README.md"
+    cp docs/performance.md "$out/"
     ;;
 esac

@@ -56,7 +56,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+README = REPO / "docs" / "performance.md"
 MARKERS = {  # the README's two tables, each between its pair of markers
     "images": ("<!-- perf-table:begin -->", "<!-- perf-table:end -->"),
     "gpt": ("<!-- perf-gpt:begin -->", "<!-- perf-gpt:end -->"),
