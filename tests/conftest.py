@@ -39,6 +39,34 @@ collect_ignore = [
 GPU_TEST_TIMEOUT_S = 300
 
 
+# `pytest -m gpu`: the GPU suite's tests are few but each runs real processes for 5-100 s, mostly
+# on the host (imports, rank start-up, NCCL, compile), while the GPUs sit nearly idle. So, where
+# pytest-xdist is installed and no -n was given, they run in this many worker processes per GPU,
+# all sharing every GPU (the tests' models take well under 1 GiB each). VOLT_GPU_WORKERS=N sets
+# the number of workers; 0 runs them one by one in this process.
+GPU_WORKERS_PER_GPU = 2
+GPU_WORKERS_MAX = 8
+
+
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    if config.option.markexpr.strip() != "gpu" or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.option.numprocesses is not None or hasattr(config, "workerinput"):
+        return  # the caller's -n, or a worker (xdist runs this hook in each worker too)
+    import torch  # only for the GPU suite; the CPU suite never needs to ask
+
+    wanted = os.environ.get("VOLT_GPU_WORKERS")
+    workers = (
+        int(wanted)
+        if wanted is not None
+        else min(GPU_WORKERS_MAX, GPU_WORKERS_PER_GPU * torch.cuda.device_count())
+    )
+    if workers > 1:  # what `-n N --dist worksteal` sets (xdist's own hook has run already)
+        config.option.numprocesses = workers
+        config.option.tx = ["popen"] * workers
+        config.option.dist = "worksteal"  # a worker that ends early takes over others' tests
+
+
 # SIGTERM ends the session (exit status 143) once the test in flight ends, as a scheduler or
 # `timeout` expects. Without this pytest would go on: a fit installs Lightning's SIGTERM handler or
 # volt's GracefulShutdown, the signal stops only that fit (one failed test), and the next test
@@ -58,7 +86,20 @@ _stopped_by: int | None = None
 def _stop_session(signum: int, frame: object) -> None:
     global _stopped_by
     _stopped_by = signum
+    _signal_workers(signum)
     pytest.exit(f"stopped by {signal.Signals(signum).name}", returncode=pytest.ExitCode.INTERRUPTED)
+
+
+def _signal_workers(signum: int) -> None:
+    """Under xdist, the controller passes the signal on to its workers (its only children): they
+    would otherwise go on starting tests after it is gone. Each stops as this process does."""
+    if _session is None or not _session.config.pluginmanager.hasplugin("dsession"):
+        return
+    me = os.getpid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == me:
+                os.kill(int(stat.parent.name), signum)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -102,21 +102,25 @@ class SaveWhenTrainingStarts(Callback):
 
 
 class OutOfMemoryOnRank(Callback):
-    """Raises torch's CUDA out-of-memory error on rank `rank` at global step 3. With
-    `others_wait`, the other ranks then wait at that step for good, as ranks wait in an NCCL
-    collective for a peer that is gone (under gloo their next collective would fail at once)."""
+    """Runs out of GPU memory on rank `rank` (-1: every rank) at global step 3: torch's error
+    raised here, or with `real` a real one, asking the GPU for a petabyte. With `others_wait`,
+    the other ranks then wait at that step for good, as ranks wait in an NCCL collective for a
+    peer that is gone (under gloo their next collective would fail at once)."""
 
-    def __init__(self, rank: int, others_wait: bool) -> None:
+    def __init__(self, rank: int, others_wait: bool = False, real: bool = False) -> None:
         self.rank = rank
         self.others_wait = others_wait
+        self.real = real
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
         if trainer.global_step != 3:
             return
-        if trainer.global_rank == self.rank:
+        if self.rank in (-1, trainer.global_rank):
             note_the_failure(trainer)
+            if self.real:
+                torch.empty(2**50, dtype=torch.uint8, device=pl_module.device)
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         if self.others_wait:
             threading.Event().wait()

@@ -231,6 +231,37 @@ def test_out_of_memory_on_one_rank_ends_every_rank_with_volts_line(
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.gpu
+@two_gpus
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("rank", [1, -1], ids=["rank-1", "every-rank"])
+def test_a_real_out_of_memory_on_two_gpus_ends_every_rank_with_volts_line(
+    strategy: str, rank: int, run_volt: Run, tmp_path: Path
+) -> None:
+    """A real CUDA out-of-memory on rank 1 alone (rank 0 then waits in an NCCL all-reduce for a
+    peer that is gone), or on every rank at once: one line with the GPU's real numbers, exit 2,
+    every process gone, within a minute."""
+    oom = f"{{_target_:{PROBES}.OutOfMemoryOnRank,rank:{rank},real:true}}"
+    sharding = ["trainer.strategy.wrap=[]"] if strategy == "fsdp" else []  # the digits MLP
+    gpus = ["trainer.accelerator=gpu", "precision=bf16-mixed"]
+    result = run_volt([*QUICK, f"trainer={strategy}", *sharding, *gpus, f"+callbacks.oom={oom}"])
+    ended_at = time.time()
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("volt: error: ")]
+    who = "rank 1 of 2 failed: " if rank == 1 else ""
+    found = re.search(
+        rf"volt: error: {who}CUDA out of memory on cuda:\d \(one of 2 GPUs\) with"
+        r" data.batch_size=\d+ per GPU: peak [\d.]+ GiB allocated of [\d.]+ GiB\. Try fewer",
+        line,
+    )
+    assert found, line
+    run_dir = only_dir(tmp_path / "outputs" / "train" / "runs")
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"
+    failed_at = float((run_dir / "failed_at.txt").read_text())
+    assert ended_at - failed_at < 60
+    assert not processes_mentioning(str(tmp_path))
+
+
 def test_torchrun_ranks_share_one_run_directory(run_volt: Run, tmp_path: Path) -> None:
     # --local-addr: otherwise torchrun's ranks meet at the machine's host name, and where that
     # name does not resolve they never do ("network addresses of (<host>, <port>) cannot be
