@@ -8,6 +8,9 @@ so each case can fail."""
 import contextlib
 import copy
 import hashlib
+import pickle
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -22,13 +25,23 @@ import yaml
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.checkpoint import FileSystemReader
 
 from tests.named_runs import train_steps
 from volt import eval as volt_eval
 from volt import rank as rank_entry
 from volt import rebuild
-from volt.checkpointing import CHECKPOINT_KEY, AtomicCheckpointIO, CheckpointLoadError
+from volt.checkpointing import (
+    CHECKPOINT_KEY,
+    AtomicCheckpointIO,
+    CheckpointLoadError,
+    begin_sharded_save,
+    find_latest_valid_checkpoint,
+    finish_sharded_save,
+    write_sharded,
+)
 from volt.config import PROJECT_ROOT
+from volt.console import one_line
 from volt.errors import ConfigError
 from volt.runs import lock_run_dir
 
@@ -715,3 +728,129 @@ def test_a_handed_over_run_directory_with_a_link_is_refused(tmp_path: Path) -> N
     (run_dir / ".lock").symlink_to(victim)
     lock_run_dir(run_dir).release()
     assert victim.read_text() != "a user's file"
+
+
+# Sharded checkpoints (trainer=fsdp's default: a folder of DCP shards, `.metadata`, `meta.pt`):
+# the same rules for the config in meta.pt, and DCP's pickled metadata read without running code.
+# The config cases go through what `python -m volt.eval ckpt_path=<folder>` and the Hydra callback
+# call, `rebuild.read_evaluated_run` and `rebuild.build_evaluation`; the pickle cases through eval.
+SHARDED_CASES = ["torch.save in net", "in data", "torch.hub.load", "interpolation",
+                 "copies a secret", "stored trust"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sharded(run_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The genuine checkpoint as trainer=fsdp saves it, written by one process as one rank."""
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    target = tmp_path_factory.mktemp("sharded") / "last.ckpt"
+    folder = begin_sharded_save(target)
+    write_sharded(checkpoint, folder, coordinator=True)
+    finish_sharded_save(folder, target)
+    return target
+
+
+def craft_sharded(genuine: Path, payload: Payload, directory: Path) -> tuple[Path, Path]:
+    """A copy of the genuine folder, `payload` applied to the config in its meta.pt."""
+    crafted = directory / "crafted.ckpt"
+    shutil.copytree(genuine, crafted)
+    sentinel = directory / "sentinel"
+    meta = torch.load(crafted / "meta.pt", weights_only=True)
+    payload(meta[CHECKPOINT_KEY], sentinel)
+    torch.save(meta, crafted / "meta.pt")
+    return crafted, sentinel
+
+
+# As volt.eval does: the training callbacks the checkpoint names are not needed to test. Both
+# evaluations write to the one run directory compose_config gives.
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks")
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+def test_a_sharded_checkpoint_evaluates_as_its_single_file(
+    run_dir: Path, sharded: Path, compose_config: Callable[..., DictConfig]
+) -> None:
+    genuine = run_dir / "checkpoints" / "last.ckpt"
+    metrics = []
+    for checkpoint in (genuine, sharded):
+        cfg = compose_config("eval", [f"ckpt_path={checkpoint}", "callbacks.progress_bar=null"])
+        run = rebuild.build_evaluation(cfg, rebuild.read_evaluated_run(cfg))
+        (result,) = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=checkpoint)
+        metrics.append(result)
+    assert metrics[0] == metrics[1]
+    assert metrics[1]["test/acc"] > 0.5
+    module, _ = rebuild.load_trained_module(sharded)
+    weights = torch.load(genuine, weights_only=True)["state_dict"]
+    assert all(torch.equal(v, weights[k]) for k, v in module.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("case", "payload", "message"), [CASES[IDS.index(c)] for c in SHARDED_CASES], ids=SHARDED_CASES
+)
+def test_a_crafted_config_in_a_sharded_checkpoint_is_refused(
+    case: str,
+    payload: Payload,
+    message: str,
+    sharded: Path,
+    tmp_path: Path,
+    compose_config: Callable[..., DictConfig],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    crafted, sentinel = craft_sharded(sharded, payload, tmp_path)
+    cfg = compose_config("eval", [f"ckpt_path={crafted}", *trust_for(case)])
+    with pytest.raises(ConfigError) as caught:
+        rebuild.read_evaluated_run(cfg)
+    assert str(caught.value).startswith(message), caught.value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        rebuild.load_trained_module(crafted, trusted=["a_payload"] if case in TRUSTING else [])
+    assert not sentinel.exists()
+    # The control: with the check taken out, volt's rebuild runs the payload from the folder.
+    monkeypatch.setattr(rebuild, "check_stored_sections", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rebuild, "instantiate_whitelist", lambda prefixes: NO_WHITELIST)
+    with contextlib.suppress(Exception):
+        run = rebuild.build_evaluation(cfg, rebuild.read_evaluated_run(cfg))
+        run.datamodule.prepare_data()
+    assert sentinel.exists()
+
+
+@pytest.mark.parametrize("part", [".metadata", "meta.pt"])
+def test_a_sharded_checkpoint_whose_pickle_runs_code_is_refused(
+    part: str,
+    sharded: Path,
+    outputs: Path,
+    tmp_path: Path,
+    compose_config: Callable[..., DictConfig],
+    run_eval: Callable[..., tuple[int, str]],
+) -> None:
+    """DCP's `.metadata` is a plain pickle, which torch's own reader unpickles as it is; meta.pt
+    a torch.save file. Either, made to open a file when unpickled, is refused in one line."""
+    crafted = tmp_path / "crafted.ckpt"
+    shutil.copytree(sharded, crafted)
+    sentinel = tmp_path / "sentinel"
+    if part == ".metadata":
+        (crafted / part).write_bytes(pickle.dumps(OpensFile(str(sentinel))))
+        refusal = "io.open is not allowed: DCP metadata is made of its own classes"
+    else:
+        meta = torch.load(crafted / part, weights_only=True)
+        torch.save({**meta, "payload": OpensFile(str(sentinel))}, crafted / part)
+        refusal = "torch.load(weights_only=True) refuses"
+    cfg = compose_config("eval", [f"ckpt_path={crafted}"])
+    with pytest.raises(ConfigError) as caught:
+        rebuild.read_evaluated_run(cfg)
+    assert one_line(caught.value).startswith(f"ckpt_path={str(crafted)!r} cannot be used: ")
+    assert refusal in one_line(caught.value)
+    with pytest.raises(ConfigError, match=re.escape(refusal)):
+        rebuild.load_trained_module(crafted)
+    with pytest.raises(CheckpointLoadError, match=re.escape(refusal)):
+        AtomicCheckpointIO().load_checkpoint(crafted)  # eval's Trainer, at trainer.test
+    assert find_latest_valid_checkpoint(tmp_path)[0] is None  # resume passes it over
+    # The command itself: one line, exit status 2, nothing run, outputs/ untouched.
+    before = snapshot(outputs)
+    code, err = run_eval([f"ckpt_path={crafted}"])
+    assert code == 2 and err.startswith(f"volt: config error: ckpt_path={str(crafted)!r}"), err
+    assert err.strip().splitlines() == [err.strip()]
+    assert snapshot(outputs) == before
+    assert not sentinel.exists()
+    # The control: torch's own readers unpickle it, and the file opens.
+    if part == ".metadata":
+        FileSystemReader(crafted).read_metadata()
+    else:
+        torch.load(crafted / part, weights_only=False)
+    assert sentinel.exists()

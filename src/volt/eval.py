@@ -1,4 +1,5 @@
-"""`python -m volt.eval ckpt_path=...`: rebuild a run from its checkpoint and test or predict."""
+"""`python -m volt.eval ckpt_path=...`: rebuild a run from its checkpoint (a file, or a sharded
+checkpoint's folder) and test or predict."""
 
 import logging
 import warnings

@@ -28,7 +28,7 @@ from volt.build import (
     model_with_data,
 )
 from volt.callbacks.prediction_writer import CSVPredictionWriter
-from volt.checkpointing import read_stored_checkpoint
+from volt.checkpointing import read_stored_checkpoint, read_trained_weights
 from volt.config import PROJECT_ROOT
 from volt.config.execution_whitelist import instantiate_whitelist
 from volt.config.stored import (
@@ -231,9 +231,10 @@ def load_trained_module(
     from_data: Mapping[str, str] | None = None,
 ) -> tuple[pl.LightningModule, pl.LightningDataModule]:
     """A volt checkpoint's LightningModule with its trained weights, and the data module it was
-    built against, from the file alone: what `Classifier.load_from_checkpoint` cannot do, since a
-    module's nets and optimiser factories are arguments, not hyperparameters (only plain values
-    are, so that checkpoints load with weights_only=True). The file is checked as eval checks it;
+    built against, from the file (or a sharded checkpoint's folder, read in this one process)
+    alone: what `Classifier.load_from_checkpoint` cannot do, since a module's nets and optimiser
+    factories are arguments, not hyperparameters (only plain values are, so that checkpoints
+    load with weights_only=True). The file is checked as eval checks it;
     `trusted` widens what it may name (your packages), `data_dir` is where its data may live (this
     project's data/ folder by default), and
     `from_data` is for checkpoints written before 2026-11-26, whose model config lacks the values
@@ -243,6 +244,5 @@ def load_trained_module(
     assert stored.data is not None
     datamodule = stored.instantiate(OmegaConf.create(stored.data))
     module = build_stored_model(stored, datamodule, from_data or {})
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    module.load_state_dict(checkpoint["state_dict"])
+    module.load_state_dict(read_trained_weights(Path(ckpt_path)))
     return module, datamodule

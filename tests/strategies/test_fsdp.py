@@ -131,7 +131,8 @@ def test_a_wrap_class_the_model_lacks_is_refused_before_any_rank_starts(
 def test_two_cpu_ranks_fit_sample_and_eval_reads_the_checkpoint(
     run_volt: Run, tmp_path: Path
 ) -> None:
-    result = run_volt([*TINY, "name=tiny"])
+    # The single-file layout; the sharded default: tests/strategies/test_fsdp_checkpoints.py.
+    result = run_volt([*TINY, "name=tiny", "trainer.strategy.checkpoint=full"])
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "tiny"
     assert_two_ranks_trained(run_dir)
@@ -159,9 +160,11 @@ def test_a_resumed_run_restores_exactly_the_state_its_checkpoint_holds(
 ) -> None:
     """Saved from two shards, read back into two shards, saved again: the same file contents.
     (Whether the training that follows matches an unbroken run is volt's resume logic, the same
-    with or without FSDP: tests/runs/test_resume.py.)"""
+    with or without FSDP: tests/runs/test_resume.py. The sharded layout, resharded too:
+    tests/strategies/test_fsdp_checkpoints.py.)"""
     quick = [
         *TINY,
+        "trainer.strategy.checkpoint=full",
         "model.scheduler.max_steps=6",
         "callbacks.early_stopping=null",  # volt's check at a restored epoch end: see the report
         "test=false",
@@ -212,7 +215,8 @@ def test_multirun_jobs_each_shard_their_own_config_over_both_ranks(
     assert [j.name for j in jobs] == ["0", "1"]
     for job, lr in zip(jobs, (1e-3, 1e-2), strict=True):
         assert_two_ranks_trained(job)
-        stored = torch.load(job / "checkpoints" / "last.ckpt", weights_only=True)
+        # sharded: the config and the loops' state are in the folder's meta.pt
+        stored = torch.load(job / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)
         assert stored["volt_config"]["model"]["optimizer"]["lr"] == lr
         assert stored["global_step"] == 3
 
@@ -232,6 +236,7 @@ def test_one_gpu_fits_bf16_resumes_and_evals(
         "data.batch_size=32",
         "trainer.limit_val_batches=4",
         "callbacks.early_stopping=null",  # volt's check at a restored epoch end: see above
+        "trainer.strategy.checkpoint=full",  # eval's command reads files (sharded: next file)
     ]
     assert run_volt([*gpu, "name=gpu", "trainer.max_steps=3"]).returncode == 0
     runs = tmp_path / "outputs" / "train" / "runs"

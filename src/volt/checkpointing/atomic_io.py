@@ -9,33 +9,31 @@ a truncated checkpoint; and nothing is fsynced, so a power loss can leave an emp
 import logging
 import os
 import re
-import secrets
-import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from volt.checkpointing.load_errors import CheckpointLoadError
+from volt.checkpointing.sharded import (
+    is_sharded_checkpoint,
+    read_sharded_checkpoint,
+    read_sharded_outline,
+)
+from volt.checkpointing.temporaries import (
+    fsync_directory,
+    remove_dead_writers_temporaries,
+    temp_name,
+)
 from volt.checkpointing.tensor_sizes import OversizedTensorError, check_tensor_sizes
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-# Temporaries are named for the writer (host, pid) so a later save can tell a killed writer's
-# leftovers from a live writer's file in progress, even with another job sharing the directory.
-# The name leaves out the target's name on purpose: Lightning's SLURM auto-resume takes the
-# highest number from every file in default_root_dir whose name contains "hpc_ckpt_", so a
-# leftover ".hpc_ckpt_3.ckpt.tmp-..." would send it after a checkpoint that does not exist.
-# Starting with "." and not ending in ".ckpt", temporaries match neither a `*.ckpt` glob nor
-# Lightning's `last*.ckpt` lookup for ckpt_path="last".
-_TEMP_PREFIX = ".volt-ckpt-tmp-"
-_TEMP_NAME = re.compile(re.escape(_TEMP_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-[0-9a-f]{8}")
 # the names Lightning's ModelCheckpoint gives its save_last file: last.ckpt, last-v1.ckpt, ...
 _LAST_STEM = re.compile(r"last(-v\d+)?")
-
-
-class CheckpointLoadError(RuntimeError):
-    """A checkpoint file exists but does not load: truncated, damaged, or not a checkpoint."""
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -65,8 +63,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         target = _local_path(path)
         directory = target.parent
         directory.mkdir(parents=True, exist_ok=True)
-        _remove_dead_writers_temporaries(directory)
-        temp = directory / _temp_name()
+        remove_dead_writers_temporaries(directory)
+        temp = directory / temp_name()
         # O_EXCL: never write into a file that already exists. Mode 0o666 lets the umask decide
         # the permissions, as for any other file the run creates.
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -82,19 +80,25 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             temp.unlink(missing_ok=True)
             raise
         # makes the rename itself survive a power loss; a killed process needs only os.replace
-        _fsync_directory(directory)
+        fsync_directory(directory)
 
     def load_checkpoint(
         self, path: str | Path, map_location: Any = "cpu", weights_only: bool | None = None
     ) -> dict[str, Any]:
         # Lightning passes weights_only=None unless the user set it: volt's checkpoints hold only
-        # tensors and plain values, so None means True here.
-        return _load(_local_path(path), map_location, weights_only is not False)
+        # tensors and plain values, so None means True here. A sharded checkpoint (a folder, of
+        # trainer=fsdp) is read whole by this one process, its optimiser states left out: what
+        # eval's Trainer needs; trainer=fsdp resumes one itself, each rank reading its shards.
+        target = _local_path(path)
+        if is_sharded_checkpoint(target):
+            return _load_folder(target, read_sharded_checkpoint)
+        return _load(target, map_location, weights_only is not False)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Deletes one checkpoint file, never a folder: Lightning's own removes recursively
         whatever path it is given (`fs.rm(path, recursive=True)`), and the path can come from a
-        restored callback state (volt.callbacks.restored_paths)."""
+        restored callback state (volt.callbacks.restored_paths). Sharded checkpoints are
+        removed by the strategy that writes them (volt.strategies.fsdp), file by file."""
         target = _local_path(path)
         if target.is_dir() and not target.is_symlink():
             log.warning("not removing %s: a checkpoint is a file, and this is a folder", target)
@@ -114,7 +118,9 @@ def find_latest_valid_checkpoint(
 
     Each candidate is loaded onto the meta device: that parses the whole file (zip directory,
     pickled structure) but reads no tensor bytes, so a truncated or foreign file is caught in
-    milliseconds even for a checkpoint of many GB. A missing directory gives (None, []).
+    milliseconds even for a checkpoint of many GB. A sharded checkpoint (a folder) is checked
+    likewise: its metadata against its shard files (present, long enough), its meta.pt parsed.
+    A missing directory gives (None, []).
     """
     if not directory.is_dir():
         return None, []
@@ -126,7 +132,10 @@ def find_latest_valid_checkpoint(
     skipped: list[tuple[Path, str]] = []
     for path in candidates:
         try:
-            _load(path, map_location="meta", weights_only=True)
+            if is_sharded_checkpoint(path):
+                _load_folder(path, read_sharded_outline)
+            else:
+                _load(path, map_location="meta", weights_only=True)
         except (CheckpointLoadError, FileNotFoundError) as err:  # FileNotFoundError: dangling link
             skipped.append((path, str(err)))
             continue
@@ -161,6 +170,15 @@ def _load(path: Path, map_location: Any, weights_only: bool) -> dict[str, Any]:
     return checkpoint
 
 
+def _load_folder(path: Path, read: Callable[[Path], T]) -> T:
+    try:
+        return read(path)
+    except CheckpointLoadError:
+        raise
+    except Exception as err:  # a missing shard, a refused metadata global, a damaged file
+        raise CheckpointLoadError(f"Cannot load sharded checkpoint {path}: {err}") from err
+
+
 def _local_path(path: str | Path) -> Path:
     if "://" in str(path):
         raise ValueError(
@@ -168,38 +186,3 @@ def _local_path(path: str | Path) -> Path:
             "storage remove it from trainer.plugins to use Lightning's TorchCheckpointIO (fsspec)"
         )
     return Path(path)
-
-
-def _temp_name() -> str:
-    # the token keeps apart two saves that one process runs at once, from two threads
-    return f"{_TEMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _remove_dead_writers_temporaries(directory: Path) -> None:
-    """Delete temporaries left in `directory` by writers on this host that no longer run."""
-    host = socket.gethostname()
-    for entry in directory.iterdir():
-        match = _TEMP_NAME.fullmatch(entry.name)
-        # another host's pid means nothing here; our own pid may be another thread's save
-        if match is None or match["host"] != host or int(match["pid"]) == os.getpid():
-            continue
-        if not _process_alive(int(match["pid"])):
-            entry.unlink(missing_ok=True)  # missing_ok: another writer may clean up too
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0 sends nothing: only checks that the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from volt.checkpointing import is_sharded_checkpoint
 from volt.config.lightning_flags import check_trainer_flags
 from volt.config.rules import (
     LOADER_RULES,
@@ -118,8 +119,8 @@ EVAL_RULES = (
     path_part("name", "name=baseline-test"),
     Rule(
         "ckpt_path",
-        lambda v: Path(str(v)).is_file(),
-        "an existing checkpoint file",
+        lambda v: Path(str(v)).is_file() or is_sharded_checkpoint(Path(str(v))),
+        "an existing checkpoint file or sharded checkpoint folder",
         "ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt",
     ),
     Rule("mode", one_of("test", "predict"), "test or predict", "mode=predict"),

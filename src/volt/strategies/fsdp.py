@@ -25,11 +25,17 @@ fits, so this strategy shards it (a module that does shard itself in `configure_
 it is). Precision 16-mixed (no sharded gradient scaler) and 64-true are refused by Lightning, and
 by volt's config checks before anything starts.
 
-Checkpoints: one file with the full state (assembled on rank 0, written through the Trainer's
-CheckpointIO, volt's AtomicCheckpointIO), in the layout of a single-device run: `volt.eval` and
-`load_trained_module` read it unchanged, and it loads with weights_only=True. Sharded folders
-would save faster on many GPUs but need all ranks (or a conversion) to read; volt's resume, eval
-and checkpoint checks all read one file.
+Checkpoints (`trainer.strategy.checkpoint`; docs/checkpoints.md):
+- sharded (the default, as torchtitan's): a folder `<name>.ckpt/` into which every rank writes
+  its own shards of the weights and optimiser states at once, through torch.distributed.checkpoint
+  (DCP), and rank 0 `meta.pt` (loops, callbacks, schedulers, hyperparameters, volt's config): no
+  rank gathers the full state. Renamed into place once complete (`volt.checkpointing.sharded`).
+  Any number of ranks resumes it, each reading only the saved parts its own shards overlap; eval
+  and `load_trained_module` read it in one process, without a process group. Nothing in it runs
+  code (`volt.checkpointing.dcp_reading`: torch's reader unpickles DCP's metadata as it is).
+- full: one file, gathered on rank 0 (its host memory holds the whole state) and written through
+  the Trainer's CheckpointIO (volt's AtomicCheckpointIO) in a single-device run's layout.
+What is on disk decides how it is read: either resumes under either setting.
 """
 
 from collections.abc import Sequence
@@ -44,6 +50,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
@@ -53,8 +61,18 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
+from volt.checkpointing import (
+    begin_sharded_save,
+    finish_sharded_save,
+    is_sharded_checkpoint,
+    read_sharded_into,
+    remove_sharded_checkpoint,
+    write_sharded,
+)
 from volt.errors import ConfigError
 from volt.strategies.launcher import run_config_launcher
+
+CHECKPOINTS = ("sharded", "full")
 
 
 class FSDPStrategy(ModelParallelStrategy):
@@ -63,7 +81,8 @@ class FSDPStrategy(ModelParallelStrategy):
     `wrap`: the classes (`module.QualName`, e.g. `volt.nets.gpt.Block`) whose instances are sharded
     one by one; they are matched by name, never imported. `reshard_after_forward`: free each
     layer's gathered weights after its forward (False keeps them for backward: less traffic,
-    more memory). `rank_config`, `trusted_targets`: as volt's DDPStrategy.
+    more memory). `checkpoint`: sharded (each rank writes its shards into one folder) or full
+    (one file gathered on rank 0). `rank_config`, `trusted_targets`: as volt's DDPStrategy.
     """
 
     def __init__(
@@ -72,13 +91,21 @@ class FSDPStrategy(ModelParallelStrategy):
         trusted_targets: Sequence[str] = (),
         wrap: Sequence[str] = (),
         reshard_after_forward: bool = True,
+        checkpoint: str = "sharded",
         process_group_backend: str | None = None,
     ) -> None:
+        if checkpoint not in CHECKPOINTS:
+            raise ConfigError(
+                f"trainer.strategy.checkpoint={checkpoint!r} is not valid: use sharded (each rank"
+                " writes its own shards into one folder) or full (one file gathered on rank 0),"
+                " e.g. trainer.strategy.checkpoint=full"
+            )
         # One mesh dimension of every rank (set in setup_environment, once the world size is
-        # known): FSDP alone, no tensor parallelism.
+        # known): FSDP alone, no tensor parallelism. Lightning's flag makes the state dicts it
+        # collects for a save sharded (each rank's own) or full (gathered on rank 0).
         super().__init__(
             tensor_parallel_size=1,
-            save_distributed_checkpoint=False,
+            save_distributed_checkpoint=checkpoint == "sharded",
             process_group_backend=process_group_backend,
         )
         self.rank_config = Path(rank_config)
@@ -136,14 +163,74 @@ class FSDPStrategy(ModelParallelStrategy):
         self.setup_precision_plugin()
 
     @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None
+    ) -> None:
+        if not self._save_distributed_checkpoint:
+            super().save_checkpoint(checkpoint, filepath, storage_options)  # rank 0 writes all
+            return
+        if storage_options is not None:
+            raise TypeError(
+                f"a sharded checkpoint takes no storage_options, got {storage_options!r}; call"
+                " Trainer.save_checkpoint without it"
+            )
+        # Every rank writes its shards into rank 0's temporary folder (made before its name
+        # reaches the others, whose own argument is a placeholder), rank 0 renames it into place
+        # once all have written.
+        target = Path(self.broadcast(filepath))
+        folder = self.broadcast(begin_sharded_save(target) if self.is_global_zero else target)
+        write_sharded(checkpoint, folder, coordinator=self.is_global_zero)
+        if self.is_global_zero:
+            finish_sharded_save(folder, target)
+
+    @override
+    def remove_checkpoint(self, filepath: _PATH) -> None:
+        """A sharded checkpoint (ModelCheckpoint's top-k turnover) is removed by rank 0, file by
+        file and only inside a checkpoint callback's folder (`remove_sharded_checkpoint`); a
+        file, or a link, goes to the CheckpointIO as before."""
+        path = Path(filepath)
+        if not path.is_dir() or path.is_symlink():
+            super().remove_checkpoint(filepath)
+        elif self.is_global_zero:
+            assert self.lightning_module is not None
+            callbacks = self.lightning_module.trainer.checkpoint_callbacks
+            dirpaths = [getattr(callback, "dirpath", None) for callback in callbacks]
+            remove_sharded_checkpoint(path, [Path(d) for d in dirpaths if d])
+
+    @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> Any:
+        path = Path(self.broadcast(checkpoint_path))
+        if is_sharded_checkpoint(path):
+            return self._load_sharded(path)
+        return self._load_full(path, weights_only)
+
+    def _load_sharded(self, path: Path) -> dict[str, Any]:
+        # Into the model's and optimisers' sharded state dicts (this rank's DTensors), read in
+        # place by DCP from whichever saved shards overlap them, then set; as Lightning's own
+        # loader does, with volt's checked reader.
+        assert self.model is not None
+        assert self.lightning_module is not None
+        strict = self.lightning_module.strict_loading
+        fitting = self.lightning_module.trainer.state.fn == TrainerFn.FITTING
+        optimizers = self.optimizers if fitting else []
+        state: dict[str, Any] = {"state_dict": get_model_state_dict(self.model)}
+        for i, optimizer in enumerate(optimizers):
+            state[f"optimizer_{i}"] = get_optimizer_state_dict(self.model, optimizer)
+        rest = read_sharded_into(state, path, strict)
+        options = StateDictOptions(strict=strict)
+        set_model_state_dict(self.model, state["state_dict"], options=options)
+        for i, optimizer in enumerate(optimizers):
+            by_name = state[f"optimizer_{i}"]
+            set_optimizer_state_dict(self.model, optimizer, by_name, options=options)
+        return rest
+
+    def _load_full(self, path: Path, weights_only: bool | None) -> dict[str, Any]:
         # Lightning's loader (lightning.fabric.strategies.model_parallel._load_checkpoint) sets
         # parameters and buffers only: state a module keeps otherwise (a torchmetrics metric with
         # persistent(True), e.g. the LanguageModel's best bpb) would be dropped on resume (seen in
         # Lightning 2.6.6). Here the whole state_dict is loaded, every rank reading the file
         # through the Trainer's CheckpointIO (weights_only, a damaged file named) and keeping its
-        # own shard. Delete this override once Lightning loads the full state_dict.
-        path = Path(self.broadcast(checkpoint_path))
+        # own shard. Delete this method once Lightning loads the full state_dict.
         assert self.model is not None
         assert self.lightning_module is not None
         checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
