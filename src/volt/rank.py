@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from hydra.errors import InstantiationException
@@ -21,7 +22,14 @@ from volt.config.targets import check_stored_config
 from volt.console import exit_on_config_error, one_line
 from volt.data.downloads import DataNotFoundError
 from volt.errors import ConfigError, TrainingInterrupted, TrainingOutOfMemoryError
-from volt.strategies.launcher import USER_ERROR_EXIT, rank_failed, rank_log_file
+from volt.strategies import stuck_rank_zero
+from volt.strategies.launcher import (
+    RANK_ZERO_GRACE_S,
+    USER_ERROR_EXIT,
+    rank_failed,
+    rank_failure,
+    rank_log_file,
+)
 from volt.training import train
 
 log = logging.getLogger("volt")
@@ -63,9 +71,20 @@ def read_run_config(config_file: Path, digest: str, trusted_targets: list[str]) 
     return cfg
 
 
+def fail(run_dir: Path, rank: int, world: int, said: str, code: int) -> NoReturn:
+    """Exit with `code`, leaving behind a process that ends the run if rank 0 cannot: under NCCL
+    rank 0 may wait for this rank in C for good, where its own watcher of the ranks never runs
+    (volt.strategies.stuck_rank_zero). It waits longer than that watcher would."""
+    line = rank_failure(rank, world, said, rank_log_file(run_dir, rank))
+    stuck_rank_zero.start(os.getppid(), run_dir / "run.json", RANK_ZERO_GRACE_S + 10, line)
+    logging.shutdown()
+    os._exit(code)
+
+
 def main() -> None:
     config_file, digest, rank = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     trusted = sys.argv[4:]
+    world = int(os.environ["WORLD_SIZE"])  # set by the launcher; Lightning's teardown removes it
     try:
         cfg = read_run_config(config_file, digest, trusted)
     except ConfigError as error:
@@ -88,16 +107,14 @@ def main() -> None:
     ) as error:
         # Written for the user, as train.py reports them: one line, which rank 0 repeats.
         log.error("%s%s", rank_failed(rank), one_line(error))
-        logging.shutdown()
-        os._exit(USER_ERROR_EXIT)
+        fail(config_file.parent, rank, world, one_line(error), USER_ERROR_EXIT)
     except Exception as error:
         # Logged rather than left to the interpreter so that the rank's own log holds it too. Then
         # out at once: rank 0 reads this exit code and line to tell what broke the run, and a
         # failed rank has nothing to save, so the interpreter's slow teardown would only delay
         # the report.
         log.exception("%s%s", rank_failed(rank), one_line(error))
-        logging.shutdown()
-        os._exit(1)
+        fail(config_file.parent, rank, world, one_line(error), 1)
     # The run is over and this rank writes nothing else: skip the interpreter's teardown, where
     # CUDA and NCCL finalisers can stall long enough for rank 0 to count the rank as hung.
     logging.shutdown()

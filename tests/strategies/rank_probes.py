@@ -5,6 +5,7 @@ Hydra's config, the ranks volt starts from the run's resolved config. (Importabl
 `tests.strategies.rank_probes` from the project root, where the tests start every command.)
 """
 
+import ctypes
 import math
 import os
 import signal as signal_module
@@ -103,13 +104,17 @@ class SaveWhenTrainingStarts(Callback):
 
 class OutOfMemoryOnRank(Callback):
     """Runs out of GPU memory on rank `rank` (-1: every rank) at global step 3: torch's error
-    raised here, or with `real` a real one, asking the GPU for a petabyte. With `others_wait`,
-    the other ranks then wait at that step for good, as ranks wait in an NCCL collective for a
-    peer that is gone (under gloo their next collective would fail at once)."""
+    raised here, or with `real` a real one, asking the GPU for a petabyte. What the other ranks
+    do then (`others`): `continue` (under gloo their next collective fails at once); `wait` at
+    that step for good, as in an NCCL collective for a peer that is gone; `hang` there holding
+    the interpreter's lock, as in a CUDA call blocked behind such a collective, where no other
+    thread of the process runs again."""
 
-    def __init__(self, rank: int, others_wait: bool = False, real: bool = False) -> None:
+    def __init__(self, rank: int, others: str = "continue", real: bool = False) -> None:
+        if others not in ("continue", "wait", "hang"):
+            raise ValueError(f"others={others!r}")
         self.rank = rank
-        self.others_wait = others_wait
+        self.others = others
         self.real = real
 
     def on_train_batch_end(
@@ -122,8 +127,10 @@ class OutOfMemoryOnRank(Callback):
             if self.real:
                 torch.empty(2**50, dtype=torch.uint8, device=pl_module.device)
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        if self.others_wait:
+        if self.others == "wait":
             threading.Event().wait()
+        elif self.others == "hang":
+            ctypes.PyDLL(None).sleep(3600)  # libc's sleep, called without releasing the GIL
 
 
 class SignalAt(Callback):

@@ -136,7 +136,7 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_its_step(tmp_path: Path) -> 
     assert "RankFailedError" not in ended.stderr  # rank 1 is not blamed for stopping with it
     # Rank 1 stopped by itself at the same step, on its own NaN loss: it was not killed.
     assert (
-        "NonFiniteLossError: non-finite loss (NaN or inf) at global step 3; seen at global step 9"
+        "Rank 1 failed: non-finite loss (NaN or inf) at global step 3; seen at global step 9"
         in rank1_log(ended)
     )
 

@@ -100,6 +100,11 @@ def rank_failed(rank: int) -> str:
     return f"Rank {rank} failed: "
 
 
+def rank_failure(rank: int, world: int, said: str, log_file: Path) -> str:
+    """The run's one line for rank `rank` failing with the one line `said`."""
+    return f"rank {rank} of {world} failed: {said} (its log: {log_file})"
+
+
 def said_by_failed_rank(log_file: Path, rank: int) -> str | None:
     """The one line of error that rank `rank` logged as it failed, if it did."""
     marker = rank_failed(rank)
@@ -314,7 +319,7 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
             log_file = rank_log_file(run_dir, rank)
             said = said_by_failed_rank(log_file, rank)
             if said:
-                lines.append(f"rank {rank} of {world} failed: {said} (its log: {log_file})")
+                lines.append(rank_failure(rank, world, said, log_file))
             else:
                 lines.append(
                     f"rank {rank} of {world} exited with code {proc.returncode} (its error is"
