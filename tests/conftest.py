@@ -32,8 +32,8 @@ collect_ignore = [
     for path in paths
 ]
 
-# Each `gpu` test's limit unless it sets its own (one H100: the slowest, compile=max-autotune, took
-# 30 s; all of them 2 min). It is above run_volt's own timeout, so that a test running volt in a
+# Each `gpu` test's limit unless it sets its own (2 x H100, 4 workers: the slowest, a signalled
+# DDP run resumed, took 110 s). It is above run_volt's own timeout, so that a test running volt in a
 # subprocess stops that first: the test fails with the run's output, every process of the run
 # goes, the session goes on. In-process tests end at this limit, pytest with them (thread method).
 GPU_TEST_TIMEOUT_S = 300
@@ -41,11 +41,12 @@ GPU_TEST_TIMEOUT_S = 300
 
 # `pytest -m gpu`: the GPU suite's tests are few but each runs real processes for 5-100 s, mostly
 # on the host (imports, rank start-up, NCCL, compile), while the GPUs sit nearly idle. So, where
-# pytest-xdist is installed and no -n was given, they run in this many worker processes per GPU,
-# all sharing every GPU (the tests' models take well under 1 GiB each). VOLT_GPU_WORKERS=N sets
-# the number of workers; 0 runs them one by one in this process.
-GPU_WORKERS_PER_GPU = 2
+# pytest-xdist is installed and no -n was given, they run in this many worker processes per GPU
+# (at most one per 4 CPU cores), all sharing every GPU (the tests' models take under 1 GiB each).
+# VOLT_GPU_WORKERS=N sets the number of workers; 0 runs them one by one in this process.
+GPU_WORKERS_PER_GPU = 3
 GPU_WORKERS_MAX = 8
+CPU_CORES_PER_GPU_WORKER = 4
 
 
 def pytest_cmdline_main(config: pytest.Config) -> None:
@@ -59,7 +60,11 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     workers = (
         int(wanted)
         if wanted is not None
-        else min(GPU_WORKERS_MAX, GPU_WORKERS_PER_GPU * torch.cuda.device_count())
+        else min(
+            GPU_WORKERS_MAX,
+            GPU_WORKERS_PER_GPU * torch.cuda.device_count(),
+            (os.cpu_count() or 1) // CPU_CORES_PER_GPU_WORKER,
+        )
     )
     if workers > 1:  # what `-n N --dist worksteal` sets (xdist's own hook has run already)
         config.option.numprocesses = workers
@@ -206,6 +211,14 @@ def run_volt(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
         ) as process:
             try:
                 stdout, stderr = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                stdout, stderr = process.communicate()  # what it said before it hung
+                pytest.fail(
+                    f"still running after {timeout:.0f} s: {' '.join(command)}\n"
+                    f"--- stdout (end)\n{stdout[-3000:]}\n--- stderr (end)\n{stderr[-5000:]}"
+                )
             except BaseException:
                 with contextlib.suppress(ProcessLookupError):  # all gone already
                     os.killpg(process.pid, signal.SIGKILL)

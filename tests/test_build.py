@@ -175,8 +175,11 @@ def test_every_precision_trains_on_gpu(
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
-def test_every_compile_mode_trains_on_gpu(
+# Not max-autotune here: it is reduce-overhead plus torch's search for the fastest kernels, 128 s
+# of the GPU suite on an H100 for this CNN; volt hands the mode to torch.compile as it does these
+# (compile=max-autotune composes and reaches torch.compile in the CPU suite).
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compile_modes_train_on_gpu(
     mode: str, compose_config: Compose, fast: list[str], fresh_dynamo: None
 ) -> None:
     cfg = compose_config(
@@ -187,7 +190,7 @@ def test_every_compile_mode_trains_on_gpu(
     compilation = read_record(cfg.paths.output_dir, "compilation")
     assert compilation["compiled_modules"] == ["net"]
     assert compilation["graphs"] > 0
-    # reduce-overhead and max-autotune replay the compiled step as CUDA graphs; default does not.
+    # reduce-overhead replays the compiled step as CUDA graphs; default does not.
     assert compilation["cuda_graph_trees"] is (mode != "default"), compilation
     assert metrics["test/acc"] > 0.5
 

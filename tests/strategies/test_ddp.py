@@ -240,8 +240,9 @@ def test_out_of_memory_on_one_rank_ends_every_rank_with_volts_line(
 
 @pytest.mark.gpu
 @two_gpus
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("rank", [1, -1], ids=["rank-1", "every-rank"])
+@pytest.mark.parametrize(
+    ("strategy", "rank"), [("ddp", 1), ("fsdp", -1)], ids=["ddp-rank-1", "fsdp-every-rank"]
+)
 def test_a_real_out_of_memory_on_two_gpus_ends_every_rank_with_volts_line(
     strategy: str, rank: int, run_volt: Run, tmp_path: Path
 ) -> None:
