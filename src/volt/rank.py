@@ -21,7 +21,12 @@ from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.config.targets import check_stored_config
 from volt.console import exit_on_config_error, one_line
 from volt.data.downloads import DataNotFoundError
-from volt.errors import ConfigError, TrainingInterrupted, TrainingOutOfMemoryError
+from volt.errors import (
+    ConfigError,
+    TrainingInterrupted,
+    TrainingOutOfMemoryError,
+    VerdictOfAllRanksError,
+)
 from volt.strategies import stuck_rank_zero
 from volt.strategies.launcher import (
     RANK_ZERO_GRACE_S,
@@ -71,12 +76,16 @@ def read_run_config(config_file: Path, digest: str, trusted_targets: list[str]) 
     return cfg
 
 
-def fail(run_dir: Path, rank: int, world: int, said: str, code: int) -> NoReturn:
+def fail(
+    run_dir: Path, rank: int, world: int, said: str, code: int, together: bool = False
+) -> NoReturn:
     """Exit with `code`, leaving behind a process that ends the run if rank 0 cannot: under NCCL
     rank 0 may wait for this rank in C for good, where its own watcher of the ranks never runs
-    (volt.strategies.stuck_rank_zero). It waits longer than that watcher would."""
+    (volt.strategies.stuck_rank_zero). It waits longer than that watcher would. Not for an error
+    every rank raised `together` (a pooled verdict): rank 0 raised it too."""
     line = rank_failure(rank, world, said, rank_log_file(run_dir, rank))
-    stuck_rank_zero.start(os.getppid(), run_dir / "run.json", RANK_ZERO_GRACE_S + 10, line)
+    if not together:
+        stuck_rank_zero.start(os.getppid(), run_dir / "run.json", RANK_ZERO_GRACE_S + 10, line)
     logging.shutdown()
     os._exit(code)
 
@@ -107,7 +116,8 @@ def main() -> None:
     ) as error:
         # Written for the user, as train.py reports them: one line, which rank 0 repeats.
         log.error("%s%s", rank_failed(rank), one_line(error))
-        fail(config_file.parent, rank, world, one_line(error), USER_ERROR_EXIT)
+        together = isinstance(error, VerdictOfAllRanksError)
+        fail(config_file.parent, rank, world, one_line(error), USER_ERROR_EXIT, together)
     except Exception as error:
         # Logged rather than left to the interpreter so that the rank's own log holds it too. Then
         # out at once: rank 0 reads this exit code and line to tell what broke the run, and a

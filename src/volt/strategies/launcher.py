@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 RANK_ZERO_GRACE_S = 20
 # After rank 0's run raised: how long the other ranks have to exit on their own before the kill.
 CRASHED_RANK_EXIT_S = 5
+# After a failure, with the other ranks gone: how long closing the process group may take.
+RELEASE_AFTER_FAILURE_S = 10
 # After rank 0 ended the run well: how long the other ranks may take to exit.
 RANK_EXIT_TIMEOUT_S = 60
 # How a rank that did not fail by itself ends: killed here, or stopped by a signal it was sent
@@ -293,7 +295,13 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._release_rendezvous()
+        if self._observer is None:
+            # One of the ranks this launcher did not start, about to exit on its error: closing
+            # the process group would wait for rank 0 to close it too (NCCL's shutdown can be a
+            # collective), and rank 0 may be waiting in a collective for this rank. A real CUDA
+            # out-of-memory on rank 1 hung here for good (2 x H100, torch 2.11).
+            return None
+        self._release_rendezvous_within(RELEASE_AFTER_FAILURE_S)
         crashed = {
             rank: proc
             for rank, proc in self._ranks_that_failed().items()
@@ -337,6 +345,23 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
             if p.returncode not in _STOPPED_NOT_FAILED
         }
         return self._describe(failed) if failed else ("a rank was killed", False)
+
+    def _release_rendezvous_within(self, seconds: float) -> None:
+        """Release as `_release_rendezvous` does, after a failure: the other ranks are gone, and
+        NCCL's shutdown of a communicator whose peers died mid-collective may never return. It
+        gets `seconds` in a thread of its own; the process group is left as it is after that
+        (a sweep's next job in this process then fails to start its own, saying so)."""
+        releasing = threading.Thread(
+            target=self._release_rendezvous, name="volt-release-rendezvous", daemon=True
+        )
+        releasing.start()
+        releasing.join(seconds)
+        if releasing.is_alive():
+            log.warning(
+                "The process group of the failed run did not close within %.0f s (NCCL waits"
+                " for ranks that are gone); leaving it open",
+                seconds,
+            )
 
     def _release_rendezvous(self) -> None:
         # The next job of a sweep runs in this process: it must find no process group and no

@@ -15,6 +15,7 @@ Standard library only, so that it starts at once.
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -48,12 +49,16 @@ def children_of(pid: int) -> list[int]:
 
 
 def end_stuck_run(pid: int, run_json: Path, grace_s: float, line: str) -> bool:
-    """Wait for the run; True if it had to be ended here."""
+    """Wait for the run; True if it had to be ended here. Leaves as soon as rank 0 exits (its
+    pidfd wakes this process), so that nothing of the run outlives it for long."""
+    try:
+        exited = os.pidfd_open(pid)
+    except OSError:  # gone already
+        return False
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not alive(pid) or not run_is_running(run_json):
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([exited], [], [], min(0.5, left))[0] or not run_is_running(run_json):
             return False
-        time.sleep(0.5)
     if not alive(pid) or not run_is_running(run_json):
         return False
     print(
