@@ -17,6 +17,7 @@ Hydra composes only after it has made the sweep directory).
 import argparse
 import difflib
 import functools
+import gc
 import re
 import sys
 from collections.abc import Callable
@@ -61,6 +62,11 @@ def hydra_main(
 
         @functools.wraps(task)
         def main(cfg_passthrough: DictConfig | None = None) -> Any:
+            # What the imports made (torch, Lightning, Hydra: about 480k objects) lives as long
+            # as the process: frozen, Python's full garbage collections stop walking it. In the
+            # default run on a 2-core CPU (Python 3.11) that saved 0.3 s in the config checks,
+            # where one such collection fell, and about 1.3 s in the interpreter's exit.
+            gc.freeze()
             if cfg_passthrough is None:  # a config handed in was composed already
                 try:
                     check_command_line(config_name, sys.argv[1:])
