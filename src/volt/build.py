@@ -7,7 +7,7 @@ compile and channels_last act on (`task.module`), and the watched metric (`task.
 the callback configs through interpolation).
 
 The toggles act on the built module here, in one documented order (`apply_toggles`):
-channels_last -> the SyncBatchNorm choice -> compile; Lightning then distributes at fit.
+channels_last -> the SyncBatchNorm choice -> float8 -> compile; Lightning then distributes at fit.
 """
 
 import copy
@@ -41,7 +41,7 @@ from volt.checkpointing import AtomicCheckpointIO
 from volt.config.execution_whitelist import instantiate_whitelist
 from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targets, locate_checked
 from volt.errors import ConfigError
-from volt.gpu import apply_compile
+from volt.gpu import apply_compile, apply_float8
 from volt.strategies.fsdp import FSDPStrategy
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
 from volt.sweeps.pruning import TrialLink, TrialPruning, default_pruner, trial_in_environment
@@ -180,8 +180,8 @@ def toggled_module(model: pl.LightningModule, path: str | None) -> nn.Module:
 
 
 def apply_toggles(cfg: DictConfig, model: pl.LightningModule) -> list[Any]:
-    """channels_last -> SyncBatchNorm choice -> compile, each in this one place; returns the
-    Trainer plugins the choices need (Lightning distributes at fit, after these)."""
+    """channels_last -> SyncBatchNorm choice -> float8 -> compile, each in this one place;
+    returns the Trainer plugins the choices need (Lightning distributes at fit, after these)."""
     module = toggled_module(model, cfg.task.module)
     if cfg.get("channels_last"):
         # NHWC weights: convolutions on tensor cores run without transposes; an NCHW input is
@@ -192,6 +192,8 @@ def apply_toggles(cfg: DictConfig, model: pl.LightningModule) -> list[Any]:
         # volt's SyncBatchNorm instead of Lightning's (torch's layer waits on the host at every
         # BatchNorm: volt.strategies.sync_batchnorm); Lightning converts the layers at setup.
         plugins.append(SyncBatchNormLayers())
+    if cfg.get("float8"):  # checked with the machine (volt.config.validation.check_machine)
+        apply_float8(module)  # before compile, which fuses the float8 casts with their neighbours
     apply_compile(module, cfg.compile.mode, cfg.compile.fullgraph, cfg.compile.dynamic)
     return plugins
 

@@ -1,4 +1,7 @@
-"""Using a GPU well, each in one place: TF32 matmuls, torch.compile, and what to do after an OOM."""
+"""Using a GPU well, each in one place: TF32 matmuls, torch.compile, float8 matmuls (torchao),
+and what to do after an OOM."""
+
+import importlib.util
 
 import torch
 from torch import nn
@@ -71,3 +74,51 @@ def explain_oom(
     if processes == 1:
         fixes.append("or let volt find the largest batch that fits (tune=batch_size)")
     return f"CUDA out of memory on {where}: {used}. Try {', '.join(fixes)}."
+
+
+# float8 matmuls need the tensor cores of Ada (sm_89) and Hopper (sm_90) or newer.
+FLOAT8_CAPABILITY = (8, 9)
+FLOAT8_DIM_MULTIPLE = 16  # torch._scaled_mm wants both dims of a float8 weight divisible by 16
+
+
+def float8_unavailable() -> str | None:
+    """Why `float8=true` cannot train here (one line: the key, the value, the fix), or None."""
+    if not torch.cuda.is_available():
+        return (
+            "float8=true but no CUDA GPU is visible here (float8 matmuls run on Ada/Hopper tensor"
+            " cores): use float8=false"
+        )
+    capability = torch.cuda.get_device_capability()
+    if capability < FLOAT8_CAPABILITY:
+        name = torch.cuda.get_device_name()
+        return (
+            f"float8=true but {name} (compute capability {capability[0]}.{capability[1]}) has no"
+            " float8 tensor cores (8.9+: L4, L40, H100, H200, B200): use float8=false"
+        )
+    if importlib.util.find_spec("torchao") is None:
+        return (
+            "float8=true needs the torchao package, which is not installed: pip install -e"
+            " '.[float8]' (offline: its wheel in .whl/, docs/gpt.md), or use float8=false"
+        )
+    return None
+
+
+def converts_to_float8(module: nn.Module, name: str) -> bool:
+    """torchao's module filter: a Linear whose dims are multiples of 16, except the LM head (its
+    weight is the tied token table, and its logits are where float8's rounding shows most)."""
+    if not isinstance(module, nn.Linear) or name.rsplit(".", 1)[-1] == "lm_head":
+        return False
+    out_features, in_features = module.weight.shape
+    return out_features % FLOAT8_DIM_MULTIPLE == 0 and in_features % FLOAT8_DIM_MULTIPLE == 0
+
+
+def apply_float8(net: nn.Module) -> None:
+    """Swap `net`'s Linear layers that `converts_to_float8` picks for torchao's Float8Linear, in
+    place: dynamic tensorwise scales, matmuls in float8 forward and backward, weights and their
+    gradients kept in the module's dtype (state_dict keys unchanged, so checkpoints load without
+    float8). Before compile (which fuses the casts) and before FSDP shards the weights; FSDP
+    gathers them in bf16 and each layer casts after the gather (torchao's
+    enable_fsdp_float8_all_gather is left off: see docs/gpt.md)."""
+    from torchao.float8 import convert_to_float8_training  # an optional extra: imported when on
+
+    convert_to_float8_training(net, module_filter_fn=converts_to_float8)

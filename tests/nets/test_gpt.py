@@ -2,10 +2,12 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from volt.config import CONF_DIR
 from volt.nets.gpt import GPT, GPTConfig
 
 V, BLOCK, LAYERS, WIDTH = 256, 16, 2, 32
@@ -214,3 +216,13 @@ def test_activation_checkpointing_keeps_less_and_computes_the_same_gradients() -
     assert saved_bytes(checkpointed, idx) < saved_bytes(plain, idx) / 2
     checkpointed.eval()  # and in eval nothing is recomputed: the plain forward
     torch.testing.assert_close(checkpointed(idx), plain.eval()(idx))
+
+
+def test_the_gpt_1b_experiment_holds_over_a_billion_parameters() -> None:
+    stored = OmegaConf.load(CONF_DIR / "experiment" / "gpt_1b.yaml")
+    shape = {k: stored.model.net[k] for k in ("n_layer", "n_head", "n_embd")}
+    context = OmegaConf.load(CONF_DIR / "data" / "text_bytes.yaml").block_size
+    with torch.device("meta"):  # the shapes only: no 4.8 GB of weights drawn on the CPU
+        net = GPT(block_size=context, **shape)
+    assert net.num_params() == 1_208_584_192
+    assert net.blocks[0].attn.qkv.weight.shape == (3 * 2048, 2048)

@@ -23,6 +23,7 @@ from volt.config.rules import (
     path_part,
 )
 from volt.errors import ConfigError
+from volt.gpu import float8_unavailable
 
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
@@ -108,6 +109,7 @@ TRAIN_RULES = (
         "null (auto), highest, high or medium",
         "matmul_precision=high",
     ),
+    Rule("float8", one_of(True, False), "true or false", "float8=true"),
     Rule("tune", one_of(None, "batch_size", "lr"), "null, batch_size or lr", "tune=lr"),
     *TRAINER_RULES,
     *LOADER_RULES,
@@ -343,4 +345,8 @@ def check_machine(cfg: DictConfig) -> None:
             f"precision={precision} but {name} has no bfloat16 support: "
             "use precision=16-mixed (with gradient scaling) or precision=32-true"
         )
+    if cfg.get("float8"):
+        reason = float8_unavailable()
+        if reason is not None:
+            raise ConfigError(reason)
     check_trainer_flags(cfg)
