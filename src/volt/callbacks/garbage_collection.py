@@ -1,0 +1,74 @@
+"""Python's garbage collection at the same optimizer steps on every rank, instead of whenever.
+
+Python runs a collection when allocations pass its thresholds, at whatever moment that happens
+to be; a collection of the older generations walks every tracked object (Lightning's, torch's,
+the data's: hundreds of thousands) and takes tens of milliseconds. Under DDP or FSDP each rank
+reaches its thresholds at its own moments, and every collective then waits for the rank that is
+collecting: one rank's pause stalls them all, again and again at different steps. Large-scale
+trainers (torchtitan's `gc_freq`, Megatron-LM's manual GC) turn automatic collection off while
+training and collect at chosen steps, on every rank at once, so the pauses coincide.
+
+Only reference cycles wait for these collections: everything else is freed the moment its last
+reference goes, as always. The callback puts collection back as it found it when training ends.
+"""
+
+import gc
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+
+class GarbageCollection(Callback):
+    """Automatic garbage collection off during the fit; generations 0 and 1 collected every
+    `every_n_steps` optimizer steps (at global steps that are multiples of it, so at the same
+    step on every rank), and all of them once as training starts and at each epoch's end.
+
+    Args:
+        every_n_steps: optimizer steps between collections; null: leave Python's automatic
+            collection on (this callback does nothing).
+    """
+
+    def __init__(self, every_n_steps: int | None = 50) -> None:
+        if every_n_steps is not None and (isinstance(every_n_steps, bool) or every_n_steps < 1):
+            raise ValueError(
+                f"callbacks.garbage_collection.every_n_steps={every_n_steps!r}: must be 1 or"
+                " more, or null to leave Python's automatic collection on, e.g. every_n_steps=50"
+            )
+        self.every_n_steps = every_n_steps
+        self._was_enabled: bool | None = None
+        self._last_step = -1
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.every_n_steps is None:
+            return
+        self._was_enabled = gc.isenabled()
+        gc.disable()
+        gc.collect()
+        self._last_step = trainer.global_step
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object
+    ) -> None:
+        step = trainer.global_step
+        if self._was_enabled is None or step == self._last_step:
+            return  # off, or inside an accumulation window
+        self._last_step = step
+        if step % self.every_n_steps == 0:  # type: ignore[operator]  # not None once started
+            gc.collect(1)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._was_enabled is not None:
+            gc.collect()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        if self._was_enabled:
+            gc.enable()
+        self._was_enabled = None

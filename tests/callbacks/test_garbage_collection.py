@@ -1,0 +1,98 @@
+"""GarbageCollection: Python's automatic collection off while training, collections at global
+steps that are multiples of N (the same steps on every rank), and collection as it was after."""
+
+import gc
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from volt.callbacks.garbage_collection import GarbageCollection
+
+
+class Recorder(pl.LightningModule):
+    """Notes, at each training step, whether automatic collection is on."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.automatic: list[bool] = []
+        self.fail_at = fail_at
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if self.global_step == self.fail_at:
+            raise RuntimeError("failed on purpose")
+        self.automatic.append(gc.isenabled())
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit(model: Recorder, callback: GarbageCollection, **trainer_args: object) -> None:
+    data = DataLoader(TensorDataset(torch.randn(80, 4), torch.randn(80, 1)), batch_size=8)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+        **trainer_args,  # type: ignore[arg-type]
+    )
+    trainer.fit(model, data)
+
+
+def collections(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The generation argument of every gc.collect() call from here on."""
+    calls: list[tuple[int, ...]] = []
+    real = gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append(args) or real(*args))
+    return calls
+
+
+def test_training_runs_without_automatic_collection_and_collects_every_n_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert gc.isenabled()
+    calls = collections(monkeypatch)
+    model = Recorder()
+    fit(model, GarbageCollection(every_n_steps=4))  # 10 steps an epoch, 20 in all
+    assert model.automatic == [False] * 20
+    assert gc.isenabled()  # as it was before the fit
+    # All at the start; generations 0-1 at steps 4, 8, 12, 16, 20; all at each epoch's end.
+    young = [c for c in calls if c == (1,)]
+    assert len(young) == 5
+    assert calls.count(()) == 3
+
+
+def test_with_gradient_accumulation_it_counts_optimizer_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = collections(monkeypatch)
+    fit(Recorder(), GarbageCollection(every_n_steps=2), accumulate_grad_batches=5)  # 4 steps
+    assert calls.count((1,)) == 2
+
+
+def test_a_failing_fit_puts_automatic_collection_back() -> None:
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        fit(Recorder(fail_at=3), GarbageCollection(every_n_steps=2))
+    assert gc.isenabled()
+
+
+def test_null_leaves_python_in_charge(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = collections(monkeypatch)
+    model = Recorder()
+    fit(model, GarbageCollection(every_n_steps=None))
+    assert all(model.automatic)
+    assert not calls
+
+
+@pytest.mark.parametrize("value", [0, -5, True])
+def test_a_bad_interval_is_one_clear_error(value: object) -> None:
+    with pytest.raises(ValueError, match=r"every_n_steps=.*must be 1 or more, or null"):
+        GarbageCollection(every_n_steps=value)  # type: ignore[arg-type]
