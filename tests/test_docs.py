@@ -15,6 +15,8 @@ import ast
 import importlib.util
 import re
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -317,3 +319,43 @@ def test_benchmark_writes_its_table_between_markers_of_its_page(script: str) -> 
         assert text.count(begin) == 1 and text.count(end) == 1, (page.name, table)
         assert text.index(begin) < text.index(end)
         assert begin not in (PROJECT_ROOT / "README.md").read_text()
+
+
+# The README's commands that run in seconds on the CPU, run for real, in the order a newcomer
+# would type them: (as the README shows it, as run here). `{ckpt}` is the checkpoint the first run
+# wrote; every run writes under the test's own outputs folder.
+EVAL = "python -m volt.eval ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt"
+RUN_FOR_REAL = [
+    ("python train.py", "train.py"),
+    ("python train.py name=my-run", "train.py name=my-run"),
+    ("python train.py name=my-run", "train.py name=my-run"),  # again: finished, nothing to do
+    (EVAL, "-m volt.eval ckpt_path={ckpt}"),
+    (
+        "python -m volt.eval ckpt_path=... mode=predict",
+        "-m volt.eval ckpt_path={ckpt} mode=predict",
+    ),
+    ("python train.py debug=fdr", "train.py debug=fdr"),
+    ("python train.py --cfg job", "train.py --cfg job"),
+    ("python -m volt.env", "-m volt.env"),
+]
+
+
+@pytest.mark.slow  # eight processes, about a minute on 2 cores
+def test_the_quick_commands_of_the_readme_run(tmp_path: Path) -> None:
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    outputs = tmp_path / "outputs"
+    ckpt = ""
+    for shown, run in RUN_FOR_REAL:
+        assert f"`{shown}`" in readme, f"the README no longer shows {shown!r}: update RUN_FOR_REAL"
+        args = shlex.split(run.format(ckpt=ckpt))
+        if "volt.env" not in run and "--cfg" not in run:
+            args.append(f"paths.outputs_dir={outputs}")
+        result = subprocess.run(
+            [sys.executable, *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert result.returncode == 0, f"{shown}\n{result.stderr[-3000:]}"
+        if not ckpt and run == "train.py":
+            (found,) = (outputs / "train" / "runs").glob("*/checkpoints/last.ckpt")
+            ckpt = str(found)
+    assert "already finished" in (outputs / "train" / "runs" / "my-run" / "train.log").read_text()
+    assert list((outputs / "eval").rglob("predictions.csv"))
