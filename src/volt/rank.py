@@ -93,7 +93,8 @@ def fail(
 def main() -> None:
     config_file, digest, rank = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     trusted = sys.argv[4:]
-    world = int(os.environ["WORLD_SIZE"])  # set by the launcher; Lightning's teardown removes it
+    # Set by volt's launcher (read now: Lightning's teardown removes it); 0 where unknown.
+    world = int(os.environ.get("WORLD_SIZE", "0"))
     try:
         cfg = read_run_config(config_file, digest, trusted)
     except ConfigError as error:

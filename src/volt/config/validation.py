@@ -121,7 +121,10 @@ EVAL_RULES = (
     path_part("name", "name=baseline-test"),
     Rule(
         "ckpt_path",
-        lambda v: Path(str(v)).is_file() or is_sharded_checkpoint(Path(str(v))),
+        lambda v: (
+            Path(str(v)).is_file()
+            or (is_sharded_checkpoint(Path(str(v))) and (Path(str(v)) / ".metadata").is_file())
+        ),
         "an existing checkpoint file or sharded checkpoint folder",
         "ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt",
     ),

@@ -104,7 +104,8 @@ def rank_failed(rank: int) -> str:
 
 def rank_failure(rank: int, world: int, said: str, log_file: Path) -> str:
     """The run's one line for rank `rank` failing with the one line `said`."""
-    return f"rank {rank} of {world} failed: {said} (its log: {log_file})"
+    of = f" of {world}" if world else ""
+    return f"rank {rank}{of} failed: {said} (its log: {log_file})"
 
 
 def said_by_failed_rank(log_file: Path, rank: int) -> str | None:
