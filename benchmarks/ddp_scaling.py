@@ -30,16 +30,16 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from readme_tables import with_table
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -159,10 +159,10 @@ def run_volt(args: argparse.Namespace, gpus: int, strategy: str = "ddp") -> list
         f"paths.outputs_dir={args.outputs}",
         *args.volt_overrides,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    found = THROUGHPUT_LINE.findall(done.stdout + done.stderr)
-    if done.returncode or not found:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    log = Path(args.logs, f"volt-{strategy}-{args.compile}-{gpus}.log")
+    done = harness.run_fresh(command, log, cwd=REPO).check(command)
+    if not (found := THROUGHPUT_LINE.findall(done.text())):
+        raise RuntimeError(f"{' '.join(command)}: no training samples/s in {log}")
     return [float(rate) for _, rate in found]
 
 
@@ -204,30 +204,21 @@ def markdown(rows: list[dict], gpus: int, header: str) -> str:
     """One line per side and compile mode: samples/s on 1 and N GPUs (last epoch), scaling, and
     N GPUs as a share of the synthetic side's N GPUs in the same compile mode."""
     last = {(r["side"], r["compile"], r["gpus"]): r["samples_per_s"][-1] for r in rows}
-    lines = [
-        header,
-        "",
-        f"| side | compile | 1 GPU | {gpus} GPUs | scaling | of synthetic on {gpus} |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
+    lines = []
     for side, compile_mode in dict.fromkeys((r["side"], r["compile"]) for r in rows):
         one, many = last.get((side, compile_mode, 1)), last.get((side, compile_mode, gpus))
         limit = last.get(("synthetic", compile_mode, gpus))
-        cells = [
-            f"{one:,.0f}" if one else "",
-            f"{many:,.0f}" if many else "",
-            f"{many / one:.2f}x" if one and many else "",
-            f"{many / limit:.0%}" if limit and many else "",
-        ]
-        lines.append(f"| {SIDE_NAMES[side]} | {compile_mode} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def replace_table(table: str) -> None:
-    try:
-        README.write_text(with_table(README.read_text(), *MARKERS, table))
-    except ValueError as error:
-        raise SystemExit(f"{README}: {error}") from None
+        lines.append(
+            [
+                *(SIDE_NAMES[side], compile_mode),
+                f"{one:,.0f}" if one else "",
+                f"{many:,.0f}" if many else "",
+                f"{many / one:.2f}x" if one and many else "",
+                f"{many / limit:.0%}" if limit and many else "",
+            ]
+        )
+    columns = ["side", "compile", "1 GPU", f"{gpus} GPUs", "scaling", f"of synthetic on {gpus}"]
+    return "\n".join([header, "", *harness.markdown_table(columns, "llrrrr", lines)])
 
 
 def main() -> None:
@@ -259,6 +250,10 @@ def main() -> None:
         "--volt-overrides", nargs="*", default=[], help="more overrides for the volt side"
     )
     args = parser.parse_args()
+    page = harness.Page(README, *MARKERS) if args.readme else None
+    if page:  # before minutes are spent measuring
+        page.check("ddp_scaling")
+    args.logs = tempfile.mkdtemp(prefix="ddp-scaling-logs-")  # each volt run's output
     started = time.strftime("%Y-%m-%d")
     rows: list[dict] = []
     for run in args.runs:
@@ -276,8 +271,8 @@ def main() -> None:
             )
             print(json.dumps(rows[-1]), flush=True)
             if args.json:
-                Path(args.json).write_text(
-                    json.dumps({"device": torch.cuda.get_device_name(), "rows": rows})
+                harness.save_json(
+                    Path(args.json), {"device": torch.cuda.get_device_name(), "rows": rows}
                 )
     batch = f"{args.batch_per_gpu} per GPU" if args.batch_per_gpu else "256 global"
     header = (
@@ -290,8 +285,8 @@ def main() -> None:
     )
     table = markdown(rows, args.gpus, header)
     print("\n" + table, flush=True)
-    if args.readme:
-        replace_table(table)
+    if page:
+        page.write(table)
 
 
 if __name__ == "__main__":

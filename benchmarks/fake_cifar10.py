@@ -8,19 +8,19 @@ from pathlib import Path
 import numpy as np
 
 
-def main(root: Path) -> None:
+def write(root: Path, per_file: int = 10_000) -> Path:
+    """Five training files and a test file of `per_file` random images each: the folder."""
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for name, n in [*((f"data_batch_{i}", 10_000) for i in range(1, 6)), ("test_batch", 10_000)]:
+    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
         batch = {
-            b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-            b"labels": rng.integers(0, 10, n).tolist(),
+            b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
+            b"labels": rng.integers(0, 10, per_file).tolist(),
         }
-        with open(folder / name, "wb") as f:
-            pickle.dump(batch, f)
-    print(f"fake CIFAR-10 written to {folder}")
+        (folder / name).write_bytes(pickle.dumps(batch))
+    return folder
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    print(f"fake CIFAR-10 written to {write(Path(sys.argv[1]))}")

@@ -143,6 +143,10 @@ def _async_save(trainer: pl.Trainer, folder: Path) -> dict[str, float]:
 
 
 def run(layout: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    # Here, not at the top: train.py imports this module as benchmarks.fsdp_checkpoint for its
+    # callback, where only the script's own run puts benchmarks/ on sys.path.
+    import harness
+
     name = f"bench_{layout}"
     command = [
         sys.executable,
@@ -168,7 +172,9 @@ def run(layout: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         f"paths.outputs_dir={args.outputs}",
         *args.overrides,
     ]
-    subprocess.run(command, cwd=PROJECT, check=True)
+    log = args.outputs / f"{name}.log"
+    print(f"{layout}: training and saving, log in {log}", flush=True)
+    harness.run_fresh(command, log, cwd=PROJECT).check(command)
     run_dir = args.outputs / "train" / "runs" / name
     return [json.loads(p.read_text()) for p in sorted(run_dir.glob("saves_rank*.json"))]
 

@@ -45,15 +45,12 @@ tables are printed as markdown at the end, and with --readme written between REA
 """
 
 import argparse
-import contextlib
 import csv
 import datetime
 import json
 import math
 import multiprocessing
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,9 +58,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 import numpy as np
-import readme_tables  # benchmarks/, the folder of this script, is first on sys.path
 import torch
 import torch.distributed as dist
 from gpt_plain import draw_batch
@@ -80,10 +76,9 @@ from volt.nets.gpt import GPT
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "docs" / "many_gpus.md"
-BEGIN, END = "<!-- perf-gpt-multi:begin -->", "<!-- perf-gpt-multi:end -->"
+MARKERS = ("<!-- perf-gpt-multi:begin -->", "<!-- perf-gpt-multi:end -->")
 LADDER = ("40x3072", "48x4096", "64x4096")  # 4.5B, 9.7B, 12.9B parameters; see the docstring
 TINY_LADDER = ("2x128",)
-RESULT = "gpt_scaling result: "  # the line a plain run hands its numbers over on
 RUNS = {
     "plain-1": "plain PyTorch loop",
     "plain-ddp": "plain PyTorch loop, DistributedDataParallel",
@@ -225,34 +220,28 @@ def plain_rank(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(warmup):
+    windows = harness.Windows(warmup, steps, 1, lambda: synchronize(device))
+    windows.step_done(0)
+    for n in range(1, windows.total + 1):
         step()
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    synchronize(device)
-    mine = {"seconds": time.perf_counter() - start, "peak_gib": peak_allocated_gib(device)}
-    ranks: list[dict[str, Any]] = [mine]
+        windows.step_done(n)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    ranks: list[dict[str, Any]] = [{"seconds": windows.seconds()[0], "peak_gib": peak}]
     if world > 1:
-        ranks = [{}] * world
+        mine, ranks = ranks[0], [{}] * world
         dist.all_gather_object(ranks, mine)
         dist.destroy_process_group()
     if rank:
         return
     tokens_per_s = world * batch * block * steps / max(r["seconds"] for r in ranks)
-    peak = peak_tflops(device, matmul_dtype(cfg.precision))
+    peak_tf = peak_tflops(device, matmul_dtype(cfg.precision))
     result = {
         "tokens_per_s": tokens_per_s,
-        "mfu": net.flops_per_token() * tokens_per_s / (peak * 1e12 * world) if peak else None,
+        "mfu": net.flops_per_token() * tokens_per_s / (peak_tf * 1e12 * world) if peak_tf else None,
         "peak_gib": max(r["peak_gib"] for r in ranks) if cuda else None,
         "params": net.num_params(),
     }
-    print(RESULT + json.dumps(result), flush=True)
-
-
-def peak_allocated_gib(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    print(harness.result_line(result), flush=True)
 
 
 def synchronize(device: torch.device) -> None:
@@ -287,42 +276,14 @@ def plain_processes(world: int, overrides: list[str], warmup: int, steps: int) -
 # -------------------------------------------------------------------------------- in the parent
 
 
-def run_bounded(command: list[str], log: Path, timeout_s: float) -> int | None:
-    """`command` from the repository root, its output into `log`; its exit status, or None when
-    it ran past `timeout_s`. Whatever it started (DDP ranks, data workers) ends with it: it runs
-    in a session of its own, killed as a whole once it is done."""
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            return process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def failure(status: int | None, log: Path, timeout_s: float) -> str:
-    if status is None:
-        return f"timed out after {timeout_s:.0f} s"
-    text = log.read_text(errors="replace")
-    if "CUDA out of memory" in text:  # torch's words, in volt's one-line error too
-        return "out of memory"
-    tail = "\n    ".join(text.splitlines()[-15:])
-    return f"exit status {status}; the end of its log:\n    {tail}"
-
-
 def measure_plain(gpus: int, plan: Plan, log: Path) -> dict[str, Any]:
     command = [sys.executable, __file__, "--plain-child", str(gpus), "--warmup", str(plan.warmup)]
     command += ["--steps", str(plan.steps), "--overrides", *plan.model_overrides(gpus)]
-    status = run_bounded(command, log, plan.timeout_s)
-    lines = [line for line in log.read_text().splitlines() if line.startswith(RESULT)]
-    if status != 0 or not lines:
-        return {"error": failure(status, log, plan.timeout_s)}
-    return json.loads(lines[-1].removeprefix(RESULT))
+    done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO)
+    result = done.result()
+    if done.failure() or result is None:
+        return {"error": done.failure() or f"no result line in {log}"}
+    return result
 
 
 def volt_command(trainer: str, gpus: int, outputs: Path, overrides: list[str]) -> list[str]:
@@ -356,9 +317,8 @@ def measure_volt(trainer: str, gpus: int, plan: Plan, log: Path) -> dict[str, An
     steps = [f"trainer.max_steps={plan.warmup + plan.steps}"]
     steps.append(f"trainer.log_every_n_steps={plan.window}")
     command = volt_command(trainer, gpus, outputs, [*plan.model_overrides(gpus), *steps])
-    status = run_bounded(command, log, plan.timeout_s)
-    if status != 0:
-        return {"error": failure(status, log, plan.timeout_s)}
+    if failed := harness.run_fresh(command, log, plan.timeout_s, cwd=REPO).failure():
+        return {"error": failed}
     rows = logged(outputs)
     windows = [r for r in rows if r.get("perf/train_tokens_per_s")]
     if len(windows) != (plan.warmup + plan.steps) // plan.window:
@@ -426,16 +386,14 @@ def probe(strategy: str, shape: Shape, plan: Plan) -> dict[str, Any]:
         f"trainer.max_steps={plan.probe_steps}",
         "trainer.log_every_n_steps=1",  # GPUMemoryMonitor's peak after every step
     ]
-    started = time.perf_counter()
-    status = run_bounded(
-        volt_command(strategy, plan.gpus, outputs, overrides), log, plan.probe_timeout_s
-    )
-    trained = status == 0
+    command = volt_command(strategy, plan.gpus, outputs, overrides)
+    done = harness.run_fresh(command, log, plan.probe_timeout_s, cwd=REPO)
+    failed = done.failure()
     return {
         **record,
-        "outcome": "trained" if trained else failure(status, log, plan.probe_timeout_s),
-        "peak_gib": peak_gib(logged(outputs)) if trained else None,
-        "wall_s": time.perf_counter() - started,
+        "outcome": failed or "trained",
+        "peak_gib": None if failed else peak_gib(logged(outputs)),
+        "wall_s": done.wall_s,
     }
 
 
@@ -454,26 +412,20 @@ def combined(
     }
 
 
-class Results:
-    """What was measured, rewritten to `path` after each record (a cut-off benchmark keeps what
-    it measured) and told on the console as it comes. A file that exists already is added to:
-    its records of the parts measured again (throughput runs, the largest GPTs) are replaced."""
+class Results(harness.Console):
+    """What was measured, saved to `path` after each record and told on the console as it comes.
+    A file that exists already is added to: its records of the parts measured again (throughput
+    runs, the largest GPTs) are replaced."""
 
     def __init__(self, path: Path, about: dict[str, Any], runs: list[str], largest: bool) -> None:
+        super().__init__()
         earlier = json.loads(path.read_text()) if path.exists() else {}
         start = combined(earlier, about, runs, largest)
         self.path, self.about, self.records = path, start["about"], start["records"]
-        self.started = time.perf_counter()
-
-    def say(self, text: str) -> None:
-        print(f"[{time.perf_counter() - self.started:4.0f} s] {text}", flush=True)
 
     def add(self, record: dict[str, Any]) -> None:
         self.records.append(record)
-        text = json.dumps({"about": self.about, "records": self.records}, indent=2, default=str)
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(text)
-        partial.replace(self.path)  # never half a file, even if the benchmark is killed here
+        harness.save_json(self.path, {"about": self.about, "records": self.records})
         self.say(describe(record))
 
 
@@ -511,61 +463,40 @@ def optional(value: float | None, form: str, missing: str = "n/a") -> str:
     return missing if value is None else form.format(value)
 
 
-def throughput_table(records: list[dict[str, Any]]) -> list[str]:
-    """Markdown rows: each run's tokens/s, MFU and peak memory; its scaling over the same side's
-    one-GPU run; volt's tokens/s over the plain loop's on as many GPUs."""
-    runs = sorted((r for r in records if "run" in r), key=lambda r: list(RUNS).index(r["run"]))
-    rate = {r["run"]: r.get("tokens_per_s") for r in runs}
-    lines = [
-        "| run | GPUs | tokens/s | MFU per GPU | peak GiB per GPU | scaling | volt / plain |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+def throughput_row(record: dict[str, Any], rate: dict[str, float | None]) -> list[str]:
+    """A run's tokens/s, MFU and peak memory; its scaling over the same side's one-GPU run;
+    volt's tokens/s over the plain loop's on as many GPUs."""
+    run, gpus = record["run"], record["gpus"]
+    if "error" in record:  # the row's other cells empty, as the page has always shown them
+        return [RUNS[run], str(gpus), f"failed: {record['error'].splitlines()[0]} | | | |"]
+    tokens = record["tokens_per_s"]
+    one = rate.get("plain-1" if run.startswith("plain") else "volt-gpu")
+    plain = rate.get("plain-1" if gpus == 1 else "plain-ddp")
+    return [
+        *(RUNS[run], str(gpus), f"{tokens:,.0f}"),
+        optional(record["mfu"] and 100 * record["mfu"], "{:.1f}%"),
+        optional(record["peak_gib"], "{:.1f}"),
+        f"{tokens / one:.2f}x" if gpus > 1 and one else "",
+        f"{tokens / plain:.3f}" if run.startswith("volt") and plain else "",
     ]
-    for record in runs:
-        run, gpus = record["run"], record["gpus"]
-        if "error" in record:
-            failed = record["error"].splitlines()[0]
-            lines.append(f"| {RUNS[run]} | {gpus} | failed: {failed} | | | | |")
-            continue
-        tokens = record["tokens_per_s"]
-        one = rate.get("plain-1" if run.startswith("plain") else "volt-gpu")
-        plain = rate.get("plain-1" if gpus == 1 else "plain-ddp")
-        scaling = f"{tokens / one:.2f}x" if gpus > 1 and one else ""
-        versus = f"{tokens / plain:.3f}" if run.startswith("volt") and plain else ""
-        mfu = optional(record["mfu"] and 100 * record["mfu"], "{:.1f}%")
-        peak = optional(record["peak_gib"], "{:.1f}")
-        lines.append(
-            f"| {RUNS[run]} | {gpus} | {tokens:,.0f} | {mfu} | {peak} | {scaling} | {versus} |"
-        )
-    return lines
 
 
-def largest_table(records: list[dict[str, Any]]) -> list[str]:
-    """Markdown rows: per strategy, the largest rung that trained, and what stopped the climb."""
-    lines = [
-        "| strategy | largest trained | parameters | peak GiB per GPU | the rung above |",
-        "| --- | --- | ---: | ---: | --- |",
-    ]
-    for strategy in ("ddp", "fsdp"):
-        tried = [r for r in records if r.get("largest") == strategy]
-        if not tried:
-            continue
-        trained = [r for r in tried if r["outcome"] == "trained"]
-        stop = next((r for r in tried if r["outcome"] != "trained"), None)
-        above = "not tried: the ladder's top"
-        if stop:
-            outcome = stop["outcome"].splitlines()[0]
-            above = f"{stop['shape']} ({billions(stop['params'])}): {outcome}"
-        cells = "none of the ladder | | "
-        if trained:
-            best = trained[-1]
-            peak = optional(best["peak_gib"], "{:.1f}")
-            cells = f"{best['shape']} | {billions(best['params'])} | {peak}"
-        lines.append(f"| volt, `trainer={strategy}` | {cells} | {above} |")
-    return lines
+def largest_row(strategy: str, tried: list[dict[str, Any]]) -> list[str]:
+    """Per strategy, the largest rung that trained, and what stopped the climb."""
+    trained = [r for r in tried if r["outcome"] == "trained"]
+    stop = next((r for r in tried if r["outcome"] != "trained"), None)
+    above = "not tried: the ladder's top"
+    if stop:
+        above = f"{stop['shape']} ({billions(stop['params'])}): {stop['outcome'].splitlines()[0]}"
+    if not trained:
+        return [f"volt, `trainer={strategy}`", "none of the ladder | | ", above]
+    best = trained[-1]
+    peak = optional(best["peak_gib"], "{:.1f}")
+    return [f"volt, `trainer={strategy}`", best["shape"], billions(best["params"]), peak, above]
 
 
 def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
-    """The markdown the README shows: where and how it was measured, then the tables."""
+    """The markdown the page shows: where and how it was measured, then the tables."""
     machine = about["machine"]
     where = f"{machine['gpus']} x {machine['device']}"
     if machine["device"] == "CPU":
@@ -574,11 +505,13 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"Measured {machine['date']} on {where}, torch {machine['torch']}, Lightning"
         f" {machine['lightning']}, by `python benchmarks/gpt_scaling.py` (its docstring says how)."
     ]
-    runs = [r for r in records if "run" in r]
+    runs = sorted((r for r in records if "run" in r), key=lambda r: list(RUNS).index(r["run"]))
     if runs:
         plan = about["throughput"]
         params = next((r["params"] for r in runs if "params" in r), None)
         model = f" ({billions(params)} parameters)" if params else ""
+        rate = {r["run"]: r.get("tokens_per_s") for r in runs}
+        columns = ["run", "GPUs", "tokens/s", "MFU per GPU", "peak GiB per GPU", "scaling"]
         lines += [
             "",
             f"experiment={plan['experiment']}{model}, {plan['batch_per_gpu']} windows of"
@@ -587,11 +520,21 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
             " bf16 peak, peak memory allocated on the fullest GPU, scaling over the same side on"
             f" one GPU ({sum(r['wall_s'] for r in runs):.0f} s for the {len(runs)} runs).",
             "",
-            *throughput_table(runs),
+            *harness.markdown_table(
+                [*columns, "volt / plain"], "lrrrrrr", (throughput_row(r, rate) for r in runs)
+            ),
         ]
     probes = [r for r in records if "largest" in r]
     if probes:
         plan = about["largest"]
+        tried = {s: [r for r in probes if r["largest"] == s] for s in ("ddp", "fsdp")}
+        columns = [
+            "strategy",
+            "largest trained",
+            "parameters",
+            "peak GiB per GPU",
+            "the rung above",
+        ]
         lines += [
             "",
             f"The largest GPT trained, climbing {' '.join(plan['ladder'])} (n_layer x n_embd,"
@@ -600,14 +543,19 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
             f" {plan['steps']} steps; FSDP from the first rung DDP could not train"
             f" ({sum(r['wall_s'] for r in probes):.0f} s for {len(probes)} rungs).",
             "",
-            *largest_table(probes),
+            *harness.markdown_table(
+                columns, "llrrl", (largest_row(s, rs) for s, rs in tried.items() if rs)
+            ),
         ]
     return "\n".join(lines)
 
 
+PAGE = harness.Page(README, *MARKERS)
+
+
 def with_table(text: str, table: str) -> str:
-    """`text` (the README's) with `table` in place of whatever stood between BEGIN and END."""
-    return readme_tables.with_table(text, BEGIN, END, table)
+    """`text` (the page's) with `table` in place of whatever stood between the markers."""
+    return PAGE.with_table(text, table)
 
 
 # ------------------------------------------------------------------------------------- the CLI
@@ -647,15 +595,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dict[str, Any]:
     """What the report says of this benchmark's runs, beside their records."""
-    about: dict[str, Any] = {
-        "machine": {
-            "device": plan.device,
-            "gpus": plan.gpus,
-            "torch": torch.__version__,
-            "lightning": pl.__version__,
-            "date": time.strftime("%Y-%m-%d"),
-        }
-    }
+    machine = {"device": plan.device, "gpus": plan.gpus, **harness.versions()}
+    about: dict[str, Any] = {"machine": machine}
     if args.runs:
         keys = ("experiment", "variant", "block_size", "batch_per_gpu", "warmup", "steps")
         about["throughput"] = {key: getattr(plan, key) for key in keys}
@@ -673,8 +614,7 @@ def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dic
 def finish(table: str, readme: str | None) -> None:
     print(f"\n{table}", flush=True)
     if readme:
-        path = Path(readme)
-        path.write_text(with_table(path.read_text(), table))
+        harness.Page(Path(readme), *MARKERS).write(table)
 
 
 def main() -> None:
@@ -723,11 +663,8 @@ def main() -> None:
     if args.plain_child:
         plain_processes(args.plain_child, args.overrides, args.warmup, args.steps)
         return
-    if args.readme:
-        try:
-            with_table(Path(args.readme).read_text(), "")  # before minutes are spent measuring
-        except ValueError as error:
-            sys.exit(f"gpt_scaling: {args.readme}: {error}")
+    if args.readme:  # before minutes are spent measuring
+        harness.Page(Path(args.readme), *MARKERS).check("gpt_scaling")
     if args.report:
         saved: dict[str, Any] = {}
         for name in args.report:

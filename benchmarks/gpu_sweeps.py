@@ -39,13 +39,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 import yaml
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,6 @@ BASIC_STARTED = re.compile(r"^\s+#(\d+) : ")  # Hydra's basic launcher, as it st
 VISIBLE = re.compile(r"LOCAL_RANK: (\d+) - CUDA_VISIBLE_DEVICES: \[([^\]]*)\]")
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")  # volt's job logs
 TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%f"
-POLL_S = 0.5
 # After SIGTERM at the timeout: digits jobs stop at their next step. Then SIGKILL, which the
 # parallel launcher's jobs hear as SIGTERM (they end with their launcher), so no device time goes
 # to waiting out the launcher's own 60 s of grace.
@@ -409,16 +408,6 @@ def sweep_command(overrides: list[str], outputs: Path, cpu: bool) -> list[str]:
     return command
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the sweep (the parallel launcher passes it to its jobs), SIGKILL if it stays."""
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(STOP_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
 def follow(log: Path, offset: int, prefix: str) -> int:
     """Print the launcher's lines the log gained since `offset`; the new offset."""
     with log.open("rb") as f:
@@ -439,30 +428,24 @@ def run_sweep(
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""} if args.cpu else dict(os.environ)
     log = Path(args.outputs, f"{scenario}-{label}.log")
     print(f"[{scenario}/{label}] {shlex.join(['python', *command[1:]])}")
-    t0, clock, offset = datetime.now(), time.monotonic(), 0
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    try:
-        while process.poll() is None and time.monotonic() - clock < args.timeout:
-            time.sleep(POLL_S)
-            offset = follow(log, offset, f"[{scenario}/{label} +{time.monotonic() - clock:.0f}s]")
-    finally:
-        timed_out = process.poll() is None  # or this script was stopped
-        if timed_out:
-            print(f"[{scenario}/{label}] stopping the sweep after {time.monotonic() - clock:.0f} s")
-            stop(process)
-    wall = time.monotonic() - clock
-    follow(log, offset, f"[{scenario}/{label} +{wall:.0f}s]")
+    t0, clock, offset = datetime.now(), harness.Console(), 0
+
+    def watch() -> None:  # the launcher's lines as they come
+        nonlocal offset
+        offset = follow(log, offset, f"[{scenario}/{label} +{clock.elapsed():.0f}s]")
+
+    done = harness.run_fresh(
+        command, log, args.timeout, cwd=PROJECT, env=env, grace_s=STOP_S, watch=watch
+    )
+    watch()
     sweep_dirs = sorted(outputs.glob("train/multiruns/*"))
     sweep_dir = sweep_dirs[-1] if sweep_dirs else None
-    launches = parse_launcher_log(log.read_text(errors="replace"), t0)
+    launches = parse_launcher_log(done.text(), t0)
     jobs = read_jobs(sweep_dir, launches, t0) if sweep_dir else []
-    returncode = None if timed_out else process.returncode
-    print(f"[{scenario}/{label}] {wall:.1f} s wall, exit {returncode}, {len(jobs)} jobs")
-    return SweepRun(label, command, round(wall, 2), returncode, str(sweep_dir), str(log), jobs)
+    ended = "stopped at the timeout" if done.status is None else f"exit {done.status}"
+    print(f"[{scenario}/{label}] {done.wall_s:.1f} s wall, {ended}, {len(jobs)} jobs")
+    wall = round(done.wall_s, 2)
+    return SweepRun(label, command, wall, done.status, str(sweep_dir), str(log), jobs)
 
 
 @dataclass
@@ -548,44 +531,34 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def ran(job: JobEvidence) -> list[str]:
+    return [seconds(job.start), seconds(job.end), job.status]
+
+
 def markdown(scenarios: list[Scenario], machine: str) -> str:
     lines = [f"## Sweeps side by side on {machine} ({datetime.now():%Y-%m-%d})", ""]
     for scenario in scenarios:
         lines += [f"### {scenario.name}", ""]
         for run in scenario.sweeps:
-            lines.append(f"`{shlex.join(['python', *run.command[1:]])}`")
-            lines.append("")
-        lines += ["| sweep | wall s | exit | per job: launch to first log line s, median |"]
-        lines += ["| --- | ---: | --- | ---: |"]
+            lines += [f"`{shlex.join(['python', *run.command[1:]])}`", ""]
+        sweeps = []
         for run in scenario.sweeps:
             setup = [j.first_log - j.start for j in run.jobs if j.first_log and j.start is not None]
             median = f"{statistics.median(setup):.1f}" if setup else "-"
             exit_status = "timed out" if run.returncode is None else str(run.returncode)
-            lines.append(f"| {run.label} | {run.wall_s:.1f} | {exit_status} | {median} |")
-        lines += ["", "| sweep | job | GPU(s) given | GPUs seen | start s | end s | status |"]
-        lines += ["| --- | ---: | --- | --- | ---: | ---: | --- |"]
-        for run in scenario.sweeps:
-            for job in run.jobs:
-                seen = ", ".join(job.devices) or "CPU"
-                lines.append(
-                    f"| {run.label} | {job.job} | {where(job)} | {seen} | {seconds(job.start)} |"
-                    f" {seconds(job.end)} | {job.status} |"
-                )
-        lines.append("")
+            sweeps.append([run.label, f"{run.wall_s:.1f}", exit_status, median])
+        columns = ["sweep", "wall s", "exit", "per job: launch to first log line s, median"]
+        lines += [*harness.markdown_table(columns, "lrlr", sweeps), ""]
+        jobs = [
+            [run.label, str(job.job), where(job), ", ".join(job.devices) or "CPU", *ran(job)]
+            for run in scenario.sweeps
+            for job in run.jobs
+        ]
+        columns = ["sweep", "job", "GPU(s) given", "GPUs seen", "start s", "end s", "status"]
+        lines += [*harness.markdown_table(columns, "lrllrrl", jobs), ""]
         lines += [f"- **{c.verdict}**: {c.claim}: {c.detail}" for c in scenario.checks]
         lines.append("")
     return "\n".join(lines)
-
-
-def write_json(path: Path, machine: str, cpu: bool, scenarios: list[Scenario]) -> None:
-    record = {
-        "machine": machine,
-        "mode": "cpu" if cpu else "gpu",
-        "scenarios": [asdict(scenario) for scenario in scenarios],
-    }
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(record, indent=1) + "\n")
-    partial.replace(path)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -629,7 +602,8 @@ def main() -> None:
         for check in done[-1].checks:
             print(f"  [{name}] {check.verdict}: {check.claim} ({check.detail})")
         if args.json:
-            write_json(Path(args.json), machine, args.cpu, done)
+            record = {"machine": machine, "mode": "cpu" if args.cpu else "gpu"}
+            harness.save_json(Path(args.json), record | {"scenarios": [asdict(s) for s in done]})
     print("\n" + markdown(done, machine))
 
 

@@ -19,13 +19,12 @@ whose sweep fails is an error, not a time.
 import argparse
 import csv
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 
 PROJECT = Path(__file__).resolve().parents[1]
 QUIET = ["callbacks.progress_bar=null", "callbacks.model_summary=null"]
@@ -45,28 +44,18 @@ def sweep_command(launcher: str, args: argparse.Namespace, outputs: Path) -> lis
     return [*command, *args.overrides]
 
 
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def run_sweep(launcher: str, args: argparse.Namespace) -> tuple[float, float]:
     """(wall s, CPU s) of one sweep; raises unless every job completed."""
     with tempfile.TemporaryDirectory(prefix=f"sweep-{launcher}-") as tmp:
         outputs = Path(tmp) / "outputs"
-        cpu_before, start = children_cpu_s(), time.perf_counter()
-        done = subprocess.run(
-            sweep_command(launcher, args, outputs), cwd=PROJECT, capture_output=True, text=True
-        )
-        wall, cpu = time.perf_counter() - start, children_cpu_s() - cpu_before
-        if done.returncode != 0:
-            raise RuntimeError(f"the {launcher} sweep failed:\n{done.stderr[-3000:]}")
+        command = sweep_command(launcher, args, outputs)
+        done = harness.run_fresh(command, Path(tmp) / "sweep.log", cwd=PROJECT).check(command)
         (sweep_dir,) = (outputs / "train" / "multiruns").iterdir()
         with (sweep_dir / "summary.csv").open() as f:
             statuses = [row["status"] for row in csv.DictReader(f)]
         if statuses != ["completed"] * args.jobs:
             raise RuntimeError(f"the {launcher} sweep's jobs ended {statuses}")
-    return wall, cpu
+    return done.wall_s, done.cpu_s
 
 
 def main() -> None:
@@ -95,12 +84,12 @@ def main() -> None:
         f"\n{args.jobs} jobs of experiment=digits_cnn, {args.epochs} epochs each, {n} cores,"
         f" median of {args.repeats}:\n"
     )
-    print("| launcher | jobs at once | threads per job | wall s | CPU s |")
-    print("| --- | --- | --- | --- | --- |")
-    for side in ("basic", "parallel"):
-        print(
-            f"| {side} | {at_once[side]} | {threads[side]} | {wall[side]:.1f} | {cpu[side]:.1f} |"
-        )
+    rows = [
+        [side, str(at_once[side]), threads[side], f"{wall[side]:.1f}", f"{cpu[side]:.1f}"]
+        for side in ("basic", "parallel")
+    ]
+    columns = ["launcher", "jobs at once", "threads per job", "wall s", "CPU s"]
+    print("\n".join(harness.markdown_table(columns, "lllll", rows)))
     print(f"\nbasic / parallel wall time: {wall['basic'] / wall['parallel']:.2f}x")
 
 

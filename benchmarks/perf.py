@@ -36,7 +36,6 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,11 +45,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import fake_cifar10
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 import lightning.pytorch as pl
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from readme_tables import with_table
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
@@ -156,30 +156,23 @@ def compose_config(overrides: list[str], data_root: str, steps: int) -> DictConf
         )
 
 
-class Clock:
-    """Marks the end of the warm-up and of each timed window; syncs the device only there."""
+class Clock(harness.Windows):
+    """The windows of a side's steps; with --profile, cProfile on for the timed steps."""
 
     def __init__(self, device: torch.device, warmup: int, steps: int, repeats: int) -> None:
-        self.device, self.marks_at = device, {warmup + k * steps for k in range(repeats + 1)}
-        self.steps, self.total = steps, warmup + steps * repeats
-        self.marks: list[float] = []
+        super().__init__(warmup, steps, repeats, lambda: synchronize(device))
         self.profiler: cProfile.Profile | None = None  # --profile: the CPU's work in timed steps
 
-    def step_done(self, step: int) -> None:
-        if step in self.marks_at:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.marks.append(time.perf_counter())
-            if self.profiler is not None:
-                if step == min(self.marks_at):
-                    self.profiler.enable()
-                elif step == max(self.marks_at):
-                    self.profiler.disable()
+    def step_done(self, step: int) -> bool:
+        marked = super().step_done(step)
+        if marked and self.profiler is not None and step in (self.first, self.last):
+            (self.profiler.enable if step == self.first else self.profiler.disable)()
+        return marked
 
-    def ms_per_step(self) -> list[float]:
-        return [
-            1e3 * (b - a) / self.steps for a, b in zip(self.marks, self.marks[1:], strict=False)
-        ]
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class SyncFinder(pl.Callback):
@@ -187,7 +180,7 @@ class SyncFinder(pl.Callback):
     the GPU warns, and the warning names the Python line that called it."""
 
     def __init__(self, clock: Clock) -> None:
-        self.first, self.last = min(clock.marks_at), max(clock.marks_at)
+        self.first, self.last = clock.first, clock.last
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
         if trainer.global_step == self.first:
@@ -397,7 +390,7 @@ def run_side(args: argparse.Namespace) -> None:
         print_profile(clock.profiler, args.steps * args.repeats, Path(args.profile))
     result = {"ms": clock.ms_per_step(), "peak_mib": peak, "batch": cfg.data.batch_size}
     result |= {"tokens_per_step": tokens, "flops_per_token": flops, "peak_tflops": peak_tf}
-    print(json.dumps(result))
+    print(harness.result_line(result))
 
 
 def print_profile(profiler: cProfile.Profile, steps: int, to: Path) -> None:
@@ -418,42 +411,21 @@ def print_profile(profiler: cProfile.Profile, steps: int, to: Path) -> None:
 
 
 def measure(row: dict[str, Any], side: str, args: argparse.Namespace) -> dict[str, Any]:
+    name = f"{row['workload']}_{row['variant']}_{side}".replace(" ", "").replace(",", "_")
     command = [sys.executable, __file__, "--side", side, "--row", json.dumps(row)]
     command += ["--steps", str(args.steps), "--repeats", str(args.repeats)]
     command += ["--data-root", args.data_root]
     if args.profile:
-        name = f"{row['workload']}_{row['variant']}_{side}.prof".replace(" ", "").replace(",", "_")
-        command += ["--profile", str(Path(args.profile) / name)]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if done.returncode:
-        raise RuntimeError(f"{side} on {row['workload']} failed:\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["wall_s"] = time.perf_counter() - started
-    return result
-
-
-def write_fake_cifar(root: Path, per_file: int) -> None:
-    """Random images in CIFAR-10's on-disk format (no download): the timing is the same."""
-    import pickle
-
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
-        batch = {
-            b"data": rng.integers(0, 256, (per_file, 3072), dtype=np.uint8),
-            b"labels": rng.integers(0, 10, per_file).tolist(),
-        }
-        (folder / name).write_bytes(pickle.dumps(batch))
+        command += ["--profile", str(Path(args.profile) / f"{name}.prof")]
+    done = harness.run_fresh(command, Path(args.logs, f"{name}.log"), cwd=REPO).check(command)
+    if (result := done.result()) is None:
+        raise RuntimeError(f"{side} on {row['workload']} printed no result: see {done.log}")
+    return result | {"wall_s": done.wall_s}
 
 
 def summarise(row: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ms = {side: statistics.median(r["ms"]) for side, r in results.items()}
-    spread = {
-        side: (max(r["ms"]) - min(r["ms"])) / ms[side] if ms[side] else 0.0
-        for side, r in results.items()
-    }
+    spread = {side: harness.spread(r["ms"]) for side, r in results.items()}
     first = next(iter(results.values()))
     summary = {
         "workload": row["workload"],
@@ -479,69 +451,48 @@ def summarise(row: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
 
 
 def markdown(rows: list[dict[str, Any]], header: str) -> str:
-    lines = [
-        header,
-        "",
-        "| workload | variant | "
-        + " | ".join(SIDE_NAMES[s] for s in SIDES)
-        + " | volt / plain, volt data | volt / plain DataLoader | volt's share of the limit"
-        + " | peak MiB, volt / plain (volt data / DataLoader) |",
-        "| --- | --- |" + " ---: |" * (len(SIDES) + 4),
-    ]
+    columns = ["workload", "variant", *(SIDE_NAMES[s] for s in SIDES)]
+    columns += ["volt / plain, volt data", "volt / plain DataLoader", "volt's share of the limit"]
+    columns.append("peak MiB, volt / plain (volt data / DataLoader)")
+    lines = [header, "", *harness.markdown_table(columns, "ll" + "r" * (len(SIDES) + 4), [])]
     for r in rows:
-        cells = [f"{r['ms'][s]:.2f} ±{100 * r['spread'][s]:.0f}%" for s in SIDES]
         peak = r["peak_mib"]
         peaks = (
             f"{peak['volt']:.0f} / {peak['plain_volt_data']:.0f} / {peak['plain_dataloader']:.0f}"
             if peak["volt"] is not None
             else "n/a (CPU)"
         )
-        lines.append(
-            f"| {r['workload']}, batch {r['batch']} | {r['variant']} | "
-            + " | ".join(cells)
-            + f" | {r['volt_over_plain_volt_data']:.3f} | {r['volt_over_plain_dataloader']:.3f}"
-            + f" | {100 * r['share_of_limit']['volt']:.1f}% | {peaks} |"
-        )
+        cells = [f"{r['workload']}, batch {r['batch']}", r["variant"]]
+        cells += [f"{r['ms'][s]:.2f} ±{100 * r['spread'][s]:.0f}%" for s in SIDES]
+        cells += [f"{r['volt_over_plain_volt_data']:.3f}", f"{r['volt_over_plain_dataloader']:.3f}"]
+        lines.append(harness.row_line([*cells, f"{100 * r['share_of_limit']['volt']:.1f}%", peaks]))
     return "\n".join(lines)
 
 
 def markdown_gpt(rows: list[dict[str, Any]], header: str) -> str:
-    lines = [
-        header,
-        "",
-        "| workload | variant | "
-        + " | ".join(SIDE_NAMES[s] for s in GPT_SIDES)
-        + " | volt / plain, volt data (tokens/s) | peak MiB, volt / plain |",
-        "| --- | --- |" + " ---: |" * (len(GPT_SIDES) + 2),
-    ]
+    columns = ["workload", "variant", *(SIDE_NAMES[s] for s in GPT_SIDES)]
+    columns += ["volt / plain, volt data (tokens/s)", "peak MiB, volt / plain"]
+    lines = [header, "", *harness.markdown_table(columns, "ll" + "r" * (len(GPT_SIDES) + 2), [])]
     for r in rows:
-        mfu = r.get("mfu") or {}
-        cells = [
-            f"{r['tokens_per_s'][s] / 1e3:.0f}k"
+        mfu, peak, tokens = r.get("mfu") or {}, r["peak_mib"], r["tokens_per_s"]
+        cells = [f"{r['workload']}, batch {r['batch']}", r["variant"]]
+        cells += [
+            f"{tokens[s] / 1e3:.0f}k"
             + (f", {100 * mfu[s]:.1f}% MFU" if s in mfu else "")
             + f" ±{100 * r['spread'][s]:.0f}%"
             for s in GPT_SIDES
         ]
-        peak = r["peak_mib"]
-        peaks = (
-            f"{peak['volt']:.0f} / {peak['plain_volt_data']:.0f}"
-            if peak["volt"] is not None
-            else "n/a (CPU)"
-        )
-        ratio = r["tokens_per_s"]["volt"] / r["tokens_per_s"]["plain_volt_data"]
-        lines.append(
-            f"| {r['workload']}, batch {r['batch']} | {r['variant']} | "
-            + " | ".join(cells)
-            + f" | {ratio:.3f} | {peaks} |"
-        )
+        cells.append(f"{tokens['volt'] / tokens['plain_volt_data']:.3f}")
+        peaks = "n/a (CPU)"
+        if peak["volt"] is not None:
+            peaks = f"{peak['volt']:.0f} / {peak['plain_volt_data']:.0f}"
+        lines.append(harness.row_line([*cells, peaks]))
     return "\n".join(lines)
 
 
-def replace_table(readme: Path, table: str, workload: str) -> None:
-    try:
-        readme.write_text(with_table(readme.read_text(), *MARKERS[workload], table))
-    except ValueError as error:
-        raise SystemExit(f"{readme}: {error}") from None
+def device_name() -> str:
+    # Asked only once a row is measured: the parent's CUDA is not started before the first side.
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
 
 def main() -> None:
@@ -593,9 +544,13 @@ def main() -> None:
     if args.side:
         run_side(args)
         return
+    page = harness.Page(Path(args.readme), *MARKERS[args.workload]) if args.readme else None
+    if page:  # before minutes are spent measuring
+        page.check("perf")
     if args.data_root is None:
         args.data_root = tempfile.mkdtemp(prefix="volt-perf-data-")
-        write_fake_cifar(Path(args.data_root), per_file=200 if args.tiny else 10_000)
+        fake_cifar10.write(Path(args.data_root), per_file=200 if args.tiny else 10_000)
+    args.logs = tempfile.mkdtemp(prefix="volt-perf-logs-")  # each side's output
     if args.find_syncs:
         find_syncs(args)
         return
@@ -614,9 +569,11 @@ def main() -> None:
             continue
         rows.append(summarise(row, results))
         print(json.dumps(rows[-1]), flush=True)  # a row at a time: a cut-off run keeps its rows
+        if args.json:
+            harness.save_json(Path(args.json), {"device": device_name(), "rows": rows})
     if args.profile or args.sides:
         return
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    device = device_name()
     header = (
         f"Measured {time.strftime('%Y-%m-%d')} on {device}, torch {torch.__version__}, Lightning"
         f" {pl.__version__}, by `python benchmarks/perf.py{' --tiny' if args.tiny else ''}`"
@@ -626,10 +583,8 @@ def main() -> None:
     )
     table = (markdown_gpt if gpt else markdown)(rows, header)
     print(f"\n{table}")
-    if args.readme:
-        replace_table(Path(args.readme), table, args.workload)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "rows": rows}, indent=2))
+    if page:
+        page.write(table)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,12 @@ import argparse
 import ast
 import json
 import re
-import resource
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -81,13 +78,6 @@ print(f"epochs run: {trainer.current_epoch}")
 VOLT_TRAINER = {"auto": [], "cpu": ["trainer=cpu"], "gpu": ["trainer=gpu"]}
 
 
-@dataclass(frozen=True)
-class Sample:
-    wall_s: float
-    cpu_s: float
-    stdout: str
-
-
 def import_statements(source: str) -> str:
     """The top-level `import` / `from ... import` statements of a script, as one program."""
     tree = ast.parse(source)
@@ -95,19 +85,10 @@ def import_statements(source: str) -> str:
     return "\n".join(ast.unparse(node) for node in imports)
 
 
-def timed(command: list[str]) -> Sample:
-    """Run `command` in the project to its end; its wall time, and the CPU time it and its
-    children used. A failure raises with the end of the command's output."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(command, cwd=PROJECT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr)[-3000:]
-        raise RuntimeError(f"{' '.join(command)} exited with {done.returncode}:\n{tail}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Sample(wall, cpu, done.stdout)
+def timed(command: list[str], log: Path) -> harness.Finished:
+    """Run `command` in the project to its end: its wall time, and the CPU time it and its
+    children used. A failure raises, naming its log."""
+    return harness.run_fresh(command, log, cwd=PROJECT).check(command)
 
 
 def volt_epochs_run(run_dir: Path) -> int:
@@ -118,18 +99,9 @@ def volt_epochs_run(run_dir: Path) -> int:
     return int(last["epoch"]) + 1
 
 
-def bare_epochs_run(stdout: str) -> int:
+def bare_epochs_run(run: harness.Finished) -> int:
     # The bare script's last.ckpt is rewritten only with a new best: it prints the count instead.
-    return int(re.findall(r"^epochs run: (\d+)$", stdout, re.MULTILINE)[-1])
-
-
-def summary(values: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "samples": values,
-    }
+    return int(re.findall(r"^epochs run: (\d+)$", run.text(), re.MULTILINE)[-1])
 
 
 def volt_command(args: argparse.Namespace, out_dir: Path, epochs: int) -> list[str]:
@@ -161,12 +133,16 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "volt": [sys.executable, "-c", import_statements((PROJECT / "train.py").read_text())],
         "bare": [sys.executable, "-c", import_statements(BARE_SCRIPT)],
     }
+    logs = work / "logs"
     for n in range(args.warmup):
         # Untimed, one epoch: the first process to load torch, the CUDA libraries and the data
         # reads them from disk, and whichever side came first would pay for both.
-        timed(volt_command(args, work / f"warmup-volt-{n}", 1))
-        timed(bare_command(args, bare_script, work / f"warmup-bare-{n}", 1))
-    samples: dict[str, dict[str, list[Sample]]] = {
+        timed(volt_command(args, work / f"warmup-volt-{n}", 1), logs / f"warmup-volt-{n}.log")
+        timed(
+            bare_command(args, bare_script, work / f"warmup-bare-{n}", 1),
+            logs / f"warmup-bare-{n}.log",
+        )
+    samples: dict[str, dict[str, list[harness.Finished]]] = {
         side: {"run": [], "imports": []} for side in ("volt", "bare")
     }
     for repeat in range(args.repeats):
@@ -175,8 +151,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "bare": bare_command(args, bare_script, work / f"bare-{repeat}", args.epochs),
         }
         for side in ["volt", "bare"] if repeat % 2 == 0 else ["bare", "volt"]:
-            samples[side]["run"].append(timed(runs[side]))
-            samples[side]["imports"].append(timed(imports[side]))
+            samples[side]["run"].append(timed(runs[side], logs / f"{side}-{repeat}.log"))
+            imports_log = logs / f"{side}-{repeat}-imports.log"
+            samples[side]["imports"].append(timed(imports[side], imports_log))
         print(
             f"repeat {repeat + 1}/{args.repeats}: "
             + ", ".join(f"{s} {samples[s]['run'][-1].wall_s:.2f} s" for s in ("volt", "bare")),
@@ -193,10 +170,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         wall = [s.wall_s for s in by_kind["run"]]
         imported = [s.wall_s for s in by_kind["imports"]]
         result[side] = {
-            "wall_s": summary(wall),
-            "imports_s": summary(imported),
-            "after_imports_s": summary([w - i for w, i in zip(wall, imported, strict=True)]),
-            "cpu_s": summary([s.cpu_s for s in by_kind["run"]]),
+            "wall_s": harness.summary(wall),
+            "imports_s": harness.summary(imported),
+            "after_imports_s": harness.summary(
+                [w - i for w, i in zip(wall, imported, strict=True)]
+            ),
+            "cpu_s": harness.summary([s.cpu_s for s in by_kind["run"]]),
         }
     result["volt_minus_bare_s"] = {
         key: result["volt"][key]["median"] - result["bare"][key]["median"]
@@ -205,10 +184,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return result
 
 
-def check_same_epochs(work: Path, bare_runs: list[Sample], epochs: int) -> None:
+def check_same_epochs(work: Path, bare_runs: list[harness.Finished], epochs: int) -> None:
     counts = {
         "volt": [volt_epochs_run(d) for d in sorted(work.glob("volt-*/train/runs/*"))],
-        "bare": [bare_epochs_run(s.stdout) for s in bare_runs],
+        "bare": [bare_epochs_run(run) for run in bare_runs],
     }
     if {*counts["volt"], *counts["bare"]} != {epochs}:
         raise RuntimeError(

@@ -2,12 +2,11 @@
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -23,16 +22,8 @@ OLD_README = (
 
 
 @pytest.fixture(scope="module")
-def scaling() -> Iterator[ModuleType]:
-    """The script as a module. It imports its neighbour gpt_plain as `python benchmarks/...`
-    lets it, with the script's folder first on sys.path; here that folder is put there."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(SCRIPT.parent))
-        spec = importlib.util.spec_from_file_location("gpt_scaling", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
+def scaling(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("gpt_scaling")
 
 
 def test_shapes_are_layers_by_width_in_heads_of_128(scaling: ModuleType) -> None:

@@ -2,11 +2,11 @@
 itself on the CPU (slow)."""
 
 import csv
-import importlib.util
 import json
 import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
@@ -41,14 +41,8 @@ BASIC_LOG = """\
 
 
 @pytest.fixture(scope="module")
-def sweeps() -> ModuleType:
-    """benchmarks/gpu_sweeps.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-    path = PROJECT_ROOT / "benchmarks/gpu_sweeps.py"
-    spec = importlib.util.spec_from_file_location("gpu_sweeps", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def sweeps(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("gpu_sweeps")
 
 
 def write_job(sweep: Path, job: int, gpus: str, status: str, error: str = "") -> dict[str, str]:

@@ -1,8 +1,8 @@
-import importlib.util
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -13,13 +13,8 @@ from volt.config import PROJECT_ROOT
 
 
 @pytest.fixture(scope="module")
-def startup() -> ModuleType:
-    """benchmarks/startup.py as a module (benchmarks/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location("startup", PROJECT_ROOT / "benchmarks/startup.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def startup(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("startup")
 
 
 def test_import_statements_are_the_top_level_imports_only(startup: ModuleType) -> None:
@@ -34,7 +29,9 @@ def test_sides_that_ran_different_epochs_are_refused(startup: ModuleType, tmp_pa
     run = tmp_path / "volt-0" / "train" / "runs" / "x" / "checkpoints"
     run.mkdir(parents=True)
     torch.save({"epoch": 1}, run / "last.ckpt")  # Lightning counts from 0: two epochs
-    bare = startup.Sample(wall_s=1.0, cpu_s=1.0, stdout="Testing...\nepochs run: 2\n")
+    log = tmp_path / "bare.log"
+    log.write_text("Testing...\nepochs run: 2\n")
+    bare = startup.harness.Finished(status=0, wall_s=1.0, cpu_s=1.0, log=log, timeout_s=None)
     startup.check_same_epochs(tmp_path, [bare], 2)
     with pytest.raises(RuntimeError, match=r"volt \[2\], bare \[2\], not 3 each"):
         startup.check_same_epochs(tmp_path, [bare], 3)
