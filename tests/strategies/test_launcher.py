@@ -151,7 +151,10 @@ def test_an_exception_on_one_rank_ends_the_run_with_its_error(rank: int, tmp_pat
     assert f"RuntimeError: injected failure on rank {rank} (training)" in ended.stderr
     if rank == 1:
         # Rank 0's collective broke when rank 1 exited; the report names the rank that failed.
-        assert "RankFailedError: rank 1 of 2 exited with code 1" in ended.stderr
+        assert (
+            "RankFailedError: rank 1 of 2 failed: RuntimeError: injected failure on rank 1"
+            " (training) (its log: " in ended.stderr
+        )
         assert "injected failure on rank 1" in rank1_log(ended)
     else:
         # Rank 1 waited for rank 0 in a collective and was stopped: nothing to blame it for.
