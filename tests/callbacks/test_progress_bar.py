@@ -99,11 +99,9 @@ class RecordTrainCounter(pl.Callback):
         self.shown.append(self.bar.progress.tasks[self.bar.train_progress_bar_id].completed)
 
 
-def test_the_counter_moves_at_most_every_interval_and_ends_at_the_epochs_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(RichProgressBar, "MOVE_EVERY_S", 3600.0)
-    moves = []
+def counter_moves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch index of every move of the bar's training counter from here on."""
+    moves: list[int] = []
     parent = LightningRichProgressBar.on_train_batch_end
 
     def counted(self: LightningRichProgressBar, trainer: pl.Trainer, *args: object) -> None:
@@ -111,6 +109,14 @@ def test_the_counter_moves_at_most_every_interval_and_ends_at_the_epochs_batches
         parent(self, trainer, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(LightningRichProgressBar, "on_train_batch_end", counted)
+    return moves
+
+
+def test_the_counter_moves_at_most_every_interval_and_ends_at_the_epochs_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(RichProgressBar, "MOVE_EVERY_S", 3600.0)
+    moves = counter_moves(monkeypatch)
     bar = RichProgressBar(metrics_every_s=3600)
     record = RecordTrainCounter(bar)
     data = DataLoader(TensorDataset(torch.randn(STEPS * 4, 4), torch.randn(STEPS * 4, 1)), 4)
@@ -137,14 +143,7 @@ def test_the_first_batch_draws_on_a_machine_booted_a_second_ago(
     clock = SimpleNamespace(monotonic=lambda: time.monotonic() - booted)
     monkeypatch.setattr(progress_bar, "time", clock)
     monkeypatch.setattr(RichProgressBar, "MOVE_EVERY_S", 60.0)
-    moves = []
-    parent = LightningRichProgressBar.on_train_batch_end
-
-    def counted(self: LightningRichProgressBar, trainer: pl.Trainer, *args: object) -> None:
-        moves.append(trainer.global_step - 1)
-        parent(self, trainer, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(LightningRichProgressBar, "on_train_batch_end", counted)
+    moves = counter_moves(monkeypatch)
     reads, shown = reads_during_training(tmp_path, monkeypatch, metrics_every_s=60)
     assert moves == [0]  # drawn at the first batch, then held for the interval
     assert reads == [0]

@@ -303,12 +303,16 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
             # out-of-memory on rank 1 hung here for good (2 x H100, torch 2.11).
             return None
         self._release_rendezvous_within(RELEASE_AFTER_FAILURE_S)
-        crashed = {
+        crashed = self._ranks_that_crashed()
+        return RankFailedError(*self._describe(crashed)) if crashed else None
+
+    def _ranks_that_crashed(self) -> dict[int, subprocess.Popen]:
+        """The ranks that failed by themselves: not killed here, not stopped by a signal."""
+        return {
             rank: proc
             for rank, proc in self._ranks_that_failed().items()
             if proc.returncode not in _STOPPED_NOT_FAILED
         }
-        return RankFailedError(*self._describe(crashed)) if crashed else None
 
     def _ranks_that_failed(self) -> dict[int, subprocess.Popen]:
         node_rank = self.cluster_environment.node_rank()
@@ -340,12 +344,8 @@ class RunConfigLauncher(_SubprocessScriptLauncher):
     def _describe_failure(self) -> tuple[str, bool]:
         for proc in self.procs:
             proc.poll()
-        failed = {
-            rank: p
-            for rank, p in self._ranks_that_failed().items()
-            if p.returncode not in _STOPPED_NOT_FAILED
-        }
-        return self._describe(failed) if failed else ("a rank was killed", False)
+        crashed = self._ranks_that_crashed()
+        return self._describe(crashed) if crashed else ("a rank was killed", False)
 
     def _release_rendezvous_within(self, seconds: float) -> None:
         """Release as `_release_rendezvous` does, after a failure: the other ranks are gone, and
