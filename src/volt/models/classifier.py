@@ -1,6 +1,6 @@
 """The classification task: loss, metrics and optimisers around a net that maps images to logits."""
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import lightning.pytorch as pl
 import torch
@@ -11,7 +11,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-OptimizerFactory = Callable[[Iterator[nn.Parameter]], Optimizer]
+from volt.models.fused_step import OptimizerFactory, check_fused_choice, fused_options
+
 SchedulerFactory = Callable[[Optimizer], LRScheduler]
 Batch = tuple[Tensor, Tensor]
 
@@ -20,7 +21,9 @@ class Classifier(pl.LightningModule):
     """Cross-entropy classification.
 
     `optimizer` and `scheduler` are partials (Hydra's `_partial_: true`) completed here with the
-    parameters. Only plain values go into hparams, so checkpoints load with weights_only=True.
+    parameters. `fused_optimizer`: torch's fused optimiser step (volt.models.fused_step); None
+    uses it where the parameters are on CUDA. Only plain values go into hparams, so checkpoints
+    load with weights_only=True.
     """
 
     def __init__(
@@ -31,13 +34,16 @@ class Classifier(pl.LightningModule):
         scheduler: SchedulerFactory | None = None,
         scheduler_interval: str = "epoch",
         label_smoothing: float = 0.0,
+        fused_optimizer: bool | None = None,
     ) -> None:
         super().__init__()
+        check_fused_choice(optimizer, fused_optimizer)
         self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"])
         self.net = net
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.scheduler_interval = scheduler_interval
+        self.fused_optimizer = fused_optimizer
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
         # validate_args=False: the argument checks read label values back to the host, a GPU sync
@@ -114,7 +120,8 @@ class Classifier(pl.LightningModule):
         return {"pred": probs.argmax(-1), "prob": probs.max(-1).values, "target": y}
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
-        optimizer = self.optimizer_factory(self.parameters())
+        options = fused_options(self, self.optimizer_factory, self.fused_optimizer)
+        optimizer = self.optimizer_factory(self.parameters(), **options)
         if self.scheduler_factory is None:
             return optimizer
         scheduler = self.scheduler_factory(optimizer)

@@ -1,7 +1,6 @@
 """The byte-level language-modelling task: next-byte cross-entropy, bits per byte, sampling."""
 
 import functools
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -15,8 +14,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MeanMetric, MinMetric
 
-# Called with parameters or parameter groups, and `fused=` where the optimiser has that switch.
-OptimizerFactory = Callable[..., Optimizer]
+from volt.models.fused_step import OptimizerFactory, check_fused_choice, fused_options
+
 SchedulerFactory = Callable[[Optimizer], LRScheduler]
 Batch = tuple[Tensor, Tensor]  # inputs and targets, (B, T) token indices
 
@@ -41,12 +40,6 @@ class Generates(Protocol):
 @runtime_checkable
 class CountsFlops(Protocol):
     def flops_per_token(self) -> int: ...
-
-
-def takes_fused(factory: OptimizerFactory) -> bool:
-    """Whether the optimiser the factory builds has torch's `fused` switch (Adam, AdamW, SGD)."""
-    target = factory.func if isinstance(factory, functools.partial) else factory
-    return "fused" in inspect.signature(target).parameters
 
 
 class LanguageModel(pl.LightningModule):
@@ -74,18 +67,7 @@ class LanguageModel(pl.LightningModule):
         fused_optimizer: bool | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(optimizer, functools.partial) and "fused" in optimizer.keywords:
-            value = optimizer.keywords["fused"]
-            raise ValueError(
-                f"model.optimizer.fused={value} would be overridden: the LanguageModel chooses it "
-                f"from model.fused_optimizer; set model.fused_optimizer={value} and remove "
-                "model.optimizer.fused"
-            )
-        if fused_optimizer and not takes_fused(optimizer):
-            raise ValueError(
-                f"model.fused_optimizer=true, but {getattr(optimizer, 'func', optimizer)} has no "
-                "fused step: use torch.optim.AdamW, Adam or SGD, or model.fused_optimizer=null"
-            )
+        check_fused_choice(optimizer, fused_optimizer)
         if (
             isinstance(net, HasParamGroups)
             and isinstance(optimizer, functools.partial)
@@ -195,17 +177,7 @@ class LanguageModel(pl.LightningModule):
         }
 
     def configure_optimizers(self) -> OptimizerLRScheduler:
-        options = {}
-        if takes_fused(self.optimizer_factory):
-            # Lightning calls this once the parameters are on their device. With a grad scaler
-            # (16-mixed) a fused step unscales inside itself, after Lightning would have clipped
-            # still-scaled gradients, so Lightning refuses that pair: unfused there.
-            trainer = self._trainer
-            scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer else None
-            clips = trainer is not None and bool(trainer.gradient_clip_val)
-            fused = self.fused_optimizer
-            default = self.device.type == "cuda" and not (scaler and clips)
-            options["fused"] = default if fused is None else fused
+        options = fused_options(self, self.optimizer_factory, self.fused_optimizer)
         if isinstance(self.net, HasParamGroups):
             optimizer = self.optimizer_factory(self.net.param_groups(self.weight_decay), **options)
         else:
