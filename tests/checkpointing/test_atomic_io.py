@@ -22,6 +22,7 @@ from volt.checkpointing import (
     CheckpointLoadError,
     find_latest_valid_checkpoint,
 )
+from volt.runs.resume import plan_resume
 
 TEMP_PREFIX = ".volt-ckpt-tmp-"
 
@@ -285,3 +286,23 @@ def test_find_latest_with_nothing_usable(tmp_path: Path) -> None:
     latest, skipped = find_latest_valid_checkpoint(tmp_path)
     assert latest is None
     assert [path.name for path, _ in skipped] == ["epoch=0.ckpt"]
+
+
+def test_a_name_with_a_newline_is_passed_over_and_logged_on_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handed-over run's checkpoint named to forge a line of train.log is not resumed from,
+    and the warning that names it stays one line."""
+    run_dir = tmp_path / "run"
+    forged = "last.ckpt\nvolt: resuming run other from elsewhere.ckpt"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    write_checkpoints(run_dir / "checkpoints", ["epoch=1.ckpt", forged])
+    latest, skipped = find_latest_valid_checkpoint(run_dir / "checkpoints")
+    assert latest == run_dir / "checkpoints" / "epoch=1.ckpt"
+    assert [(path.name, reason) for path, reason in skipped] == [
+        (forged, "its name holds a control character, which volt never writes")
+    ]
+    with caplog.at_level("INFO"):
+        assert plan_resume(run_dir, "run", None).checkpoint == latest
+    assert all("\n" not in record.getMessage() for record in caplog.records)
+    assert any("\\nvolt: resuming" in record.getMessage() for record in caplog.records)

@@ -50,7 +50,7 @@ class RestoredPathsCheck(Callback):
                 log.warning(
                     "not restoring %s from the checkpoint: its state names %r, outside the run's"
                     " checkpoint folder (%s); it starts afresh",
-                    key,
+                    key if key.isprintable() else ascii(key),  # a crafted key forges no log line
                     outside,
                     where,
                 )

@@ -120,7 +120,8 @@ def find_latest_valid_checkpoint(
     pickled structure) but reads no tensor bytes, so a truncated or foreign file is caught in
     milliseconds even for a checkpoint of many GB. A sharded checkpoint (a folder) is checked
     likewise: its metadata against its shard files (present, long enough), its meta.pt parsed.
-    A missing directory gives (None, []).
+    A name with a control character (a newline, say) is passed over: volt never writes one, and
+    logged as it is it would forge a line of train.log. A missing directory gives (None, []).
     """
     if not directory.is_dir():
         return None, []
@@ -131,6 +132,9 @@ def find_latest_valid_checkpoint(
     )
     skipped: list[tuple[Path, str]] = []
     for path in candidates:
+        if not path.name.isprintable():
+            skipped.append((path, "its name holds a control character, which volt never writes"))
+            continue
         try:
             if is_sharded_checkpoint(path):
                 _load_folder(path, read_sharded_outline)

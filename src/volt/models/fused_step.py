@@ -3,7 +3,8 @@
 A fused step updates all parameters in one kernel instead of several per tensor: on a GPU-bound
 step that is a little; on a step bound by host work (small nets, CUDA graphs) it is most of the
 optimiser's cost. None (the default) uses it for Adam, AdamW and SGD where the parameters are on
-CUDA; true asks any optimiser that has the switch (Adagrad's fused step is CPU-only, torch 2.11).
+CUDA; true asks any optimiser that has the switch (Adagrad's fused step is CPU-only, torch's docs
+say).
 """
 
 import functools

@@ -103,7 +103,9 @@ def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumeP
         if record.get("status") == "completed":
             return ResumePlan(None, record.get("metrics", {}))
     for path, reason in damaged:
-        log.warning("skipping damaged checkpoint %s: %s", path, reason)
+        # A handed-over run's file name may hold a newline, which would forge a log line.
+        shown = str(path) if str(path).isprintable() else ascii(str(path))
+        log.warning("skipping damaged checkpoint %s: %s", shown, reason)
     if checkpoint is not None:
         log.info("resuming run %s from %s", name, checkpoint)
     elif started:
