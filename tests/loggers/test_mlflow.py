@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.loggers.conftest import TINY
 from volt.loggers.mlflow import BEST_CHECKPOINT_TAG, RUN_DIR_TAG, MLflowRunLogger, override_tags
+from volt.loggers.tracked_run import tracked_run
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 SECRET = "s3cret-4f9a1c"
@@ -45,7 +46,7 @@ def test_a_continued_run_logs_into_the_same_mlflow_run_and_keeps_its_first_param
     first.log_hyperparams({"trainer.devices": 1, "seed": 42})
     first.log_metrics({"train/loss": 2.0}, step=1)
     first.finalize("success")
-    run_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
+    run_id = (run_dir / "mlflow_run_id.txt").read_text().split()[0]
     assert run_id == first.run_id
 
     again = local_logger(run_dir, uri)  # the next attempt of the named run
@@ -74,10 +75,32 @@ def test_a_continued_run_logs_into_the_same_mlflow_run_and_keeps_its_first_param
 
 def test_a_run_gone_from_the_store_starts_a_new_one(tmp_path: Path) -> None:
     run_dir = a_run_dir(tmp_path, [])
-    (run_dir / "mlflow_run_id.txt").write_text("0123456789abcdef0123456789abcdef\n")
+    tracked_run(str(run_dir), "x").store_id("mlflow", "0123456789abcdef0123456789abcdef")
     logger = local_logger(run_dir, f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert logger.run_id != "0123456789abcdef0123456789abcdef"
-    assert (run_dir / "mlflow_run_id.txt").read_text().strip() == logger.run_id
+    assert (run_dir / "mlflow_run_id.txt").read_text().split()[0] == logger.run_id
+
+
+def test_a_handed_over_run_directory_never_logs_into_another_directorys_mlflow_run(
+    tmp_path: Path,
+) -> None:
+    """A run directory from elsewhere whose id file names a run on this store (another
+    directory's, on a shared server) starts a new MLflow run, whether the file names this
+    directory (forged) or not (copied)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    theirs = local_logger(a_run_dir(tmp_path / "colleague", []), uri)
+    theirs.log_metrics({"train/loss": 2.0}, step=1)
+    theirs.finalize("success")
+    run_dir = a_run_dir(tmp_path / "mine", [])
+    copied = tmp_path / "colleague" / "outputs" / "train" / "runs" / "r1" / "mlflow_run_id.txt"
+    for id_file in (copied.read_text(), f"{theirs.run_id}\ndirectory: {run_dir.resolve()}\n"):
+        (run_dir / "mlflow_run_id.txt").write_text(id_file)
+        mine = local_logger(run_dir, uri)
+        mine.log_metrics({"train/loss": 9.0}, step=2)
+        mine.finalize("success")
+        assert mine.run_id != theirs.run_id
+    history = MlflowClient(uri).get_metric_history(theirs.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(1, 2.0)]
 
 
 def test_other_ranks_write_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,7 +141,7 @@ def test_a_named_run_and_its_continuation_are_one_mlflow_run(
     first = run_volt([*args, "trainer.max_steps=4"])  # stops at the end of epoch 0
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "tracked"
-    run_id = (run_dir / "mlflow_run_id.txt").read_text().strip()
+    run_id = (run_dir / "mlflow_run_id.txt").read_text().split()[0]
     client = MlflowClient(mlflow_server)
     (run,) = runs_of(client, "train")
     assert run.info.run_id == run_id
@@ -147,7 +170,7 @@ def test_a_named_run_and_its_continuation_are_one_mlflow_run(
     second = run_volt([*args, "trainer.max_steps=-1"])  # run-neutral: the same named run
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming run tracked" in second.stdout + second.stderr
-    assert (run_dir / "mlflow_run_id.txt").read_text().strip() == run_id
+    assert (run_dir / "mlflow_run_id.txt").read_text().split()[0] == run_id
     (run,) = runs_of(client, "train")  # still one run
     assert run.info.run_id == run_id
     assert run.info.status == "FINISHED"
@@ -170,7 +193,7 @@ def test_the_jobs_of_a_sweep_are_runs_of_one_experiment(
     assert [r.data.tags["data.batch_size"] for r in runs] == ["32", "64"]
     assert [r.data.params["data.batch_size"] for r in runs] == ["32", "64"]
     assert [r.data.tags[RUN_DIR_TAG] for r in runs] == [str(job) for job in jobs]
-    assert [(job / "mlflow_run_id.txt").read_text().strip() for job in jobs] == [
+    assert [(job / "mlflow_run_id.txt").read_text().split()[0] for job in jobs] == [
         r.info.run_id for r in runs
     ]
     assert all(r.info.status == "FINISHED" for r in runs)

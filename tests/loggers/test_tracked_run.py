@@ -1,6 +1,9 @@
 """What a tracker learns from a run's directory: name, sweep, overrides, its own id."""
 
+import shutil
 from pathlib import Path
+
+import pytest
 
 from volt.loggers.tracked_run import tracked_run
 
@@ -28,3 +31,28 @@ def test_the_tracker_id_is_kept_in_the_run_directory(tmp_path: Path) -> None:
     run.store_id("mlflow", "abc123")
     assert tracked_run(str(tmp_path), "x").stored_id("mlflow") == "abc123"
     assert run.stored_id("wandb") is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "abc123\n",  # an id alone: by hand, or an older volt
+        "abc123\ndirectory: /elsewhere/outputs/train/runs/r1\n",  # handed over
+        "../../x\ndirectory: {here}\n",  # not an id
+        "abc123\ndirectory: {here}\nmore\n",
+    ],
+)
+def test_an_id_not_stored_for_this_directory_is_not_continued(
+    text: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "mlflow_run_id.txt").write_text(text.format(here=tmp_path.resolve()))
+    assert tracked_run(str(tmp_path), "x").stored_id("mlflow") is None
+    assert "was not written for this run directory" in caplog.text
+
+
+def test_a_moved_run_directory_starts_a_new_tracked_run(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    tracked_run(str(tmp_path / "a"), "x").store_id("wandb", "k3x9a2b1")
+    assert tracked_run(str(tmp_path / "a"), "x").stored_id("wandb") == "k3x9a2b1"
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    assert tracked_run(str(tmp_path / "b"), "x").stored_id("wandb") is None

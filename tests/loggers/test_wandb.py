@@ -93,7 +93,7 @@ def test_an_offline_run_continues_the_same_wandb_run_and_never_holds_the_key(
     first = run_volt([*args, "trainer.max_steps=4"])  # stops at the end of epoch 0
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "wb"
-    run_id = (run_dir / "wandb_run_id.txt").read_text().strip()
+    run_id = (run_dir / "wandb_run_id.txt").read_text().split()[0]
     (offline,) = offline_runs(run_dir)
     records = wandb_records(offline)
     run = the_run(records)
@@ -111,7 +111,7 @@ def test_an_offline_run_continues_the_same_wandb_run_and_never_holds_the_key(
     (run_dir / "metrics.json").unlink()  # as if killed after its first epoch
     second = run_volt([*args, "trainer.max_steps=-1"])
     assert second.returncode == 0, second.stderr[-3000:]
-    assert (run_dir / "wandb_run_id.txt").read_text().strip() == run_id
+    assert (run_dir / "wandb_run_id.txt").read_text().split()[0] == run_id
     continued = offline_runs(run_dir)[-1]
     assert continued != offline
     records = wandb_records(continued)
@@ -148,7 +148,7 @@ def test_the_jobs_of_a_sweep_are_one_group_of_offline_runs(
         runs.append((the_run(records), config_of(records)))
     assert [run.run_group for run, _ in runs] == ["wbgrid", "wbgrid"]
     assert [run.display_name for run, _ in runs] == [job.name for job in jobs]
-    assert [(job / "wandb_run_id.txt").read_text().strip() for job in jobs] == [
+    assert [(job / "wandb_run_id.txt").read_text().split()[0] for job in jobs] == [
         run.run_id for run, _ in runs
     ]
     assert runs[0][0].run_id != runs[1][0].run_id

@@ -101,9 +101,10 @@ class MLflowRunLogger(MLFlowLogger):
         run directory holds the id of one from an earlier attempt."""
         if self._initialized:
             return self._mlflow_client
-        if self._run_id is not None and not self._run_exists(self._run_id):
+        if self._run_id is not None and not self._run_is_ours(self._run_id):
             log.warning(
-                "MLflow run %s (from %s) is not in %s: starting a new MLflow run",
+                "MLflow run %s (from %s) is not in %s, or another run directory started it:"
+                " starting a new MLflow run",
                 self._run_id,
                 self._tracked.directory,
                 self._tracking_uri,
@@ -119,7 +120,8 @@ class MLflowRunLogger(MLFlowLogger):
             self._tracked.store_id(TRACKER, self._run_id)  # type: ignore[arg-type]  # just made
         return client
 
-    def _run_exists(self, run_id: str) -> bool:
+    def _run_is_ours(self, run_id: str) -> bool:
+        """The run is in the store, not deleted, and was started from this run directory."""
         from mlflow.exceptions import MlflowException
 
         try:
@@ -128,7 +130,8 @@ class MLflowRunLogger(MLFlowLogger):
             if error.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
             return False
-        return run.info.lifecycle_stage != "deleted"
+        started_here = run.data.tags.get(RUN_DIR_TAG) == str(self._tracked.directory)
+        return run.info.lifecycle_stage != "deleted" and started_here
 
     def _experiment_by_name(self) -> str:
         """The experiment's id, made if missing; a job of a parallel sweep may make it first."""

@@ -1,12 +1,20 @@
 """What an experiment tracker (MLflow, W&B) is told about a volt run, read from the run's
 directory: its name, the sweep it is a job of, the overrides it was started with; and the
 tracker's own id for it, kept in that directory, so that continuing a named run (`name=...`)
-continues the same tracked run instead of starting another."""
+continues the same tracked run instead of starting another.
 
+The id file names the directory it was written for: a run directory handed over from elsewhere
+(or an id written by hand) would otherwise make a resume log into someone else's tracked run."""
+
+import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+log = logging.getLogger(__name__)
+TRACKER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # MLflow's 32 hex digits, W&B's 8 characters
 
 
 @dataclass(frozen=True)
@@ -24,15 +32,28 @@ class TrackedRun:
     def _id_file(self, tracker: str) -> Path:
         return self.directory / f"{tracker}_run_id.txt"
 
+    def _stamp(self) -> str:
+        return f"directory: {self.directory.resolve()}"
+
     def stored_id(self, tracker: str) -> str | None:
-        """The id `tracker` gave this run in an earlier attempt, if any."""
+        """The id `tracker` gave this run in an earlier attempt here; None if there is none, or
+        if the file was not written for this directory (then the tracker starts a new run)."""
         path = self._id_file(tracker)
         if not path.is_file():
             return None
-        return path.read_text().strip() or None
+        lines = path.read_text(errors="replace").splitlines()
+        if len(lines) == 2 and TRACKER_ID.fullmatch(lines[0]) and lines[1] == self._stamp():
+            return lines[0]
+        log.warning(
+            "%s was not written for this run directory (moved, handed over or edited): "
+            "starting a new %s run instead of continuing the one it names",
+            path,
+            tracker,
+        )
+        return None
 
     def store_id(self, tracker: str, run_id: str) -> None:
-        self._id_file(tracker).write_text(run_id + "\n")
+        self._id_file(tracker).write_text(f"{run_id}\n{self._stamp()}\n")
 
 
 def tracked_run(run_dir: str, sweep_dir: str) -> TrackedRun:
