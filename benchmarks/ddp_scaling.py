@@ -4,24 +4,20 @@
     python benchmarks/ddp_scaling.py --root /tmp/data --batch-per-gpu 256 --readme
     python benchmarks/ddp_scaling.py --root /tmp/data --runs plain:off volt:default --gpus 2
 
-The workload is volt's CIFAR-sized one (`experiment=cifar10_resnet`: ResNet 64-128-256, global
-batch 256, bf16-mixed, SGD). Both sides read the same data set through the same per-sample
-batches (volt's data path: `data.on_device`, whole-batch augmentation), one process per GPU:
+The workload is `experiment=cifar10_resnet` (ResNet 64-128-256, bf16-mixed, SGD), read by every
+side through volt's batches for its rank, one process per GPU:
 
-- plain: a hand-written DDP loop (volt's batches for its rank, `DistributedDataParallel`, autocast),
-         started with torch.multiprocessing; BatchNorm synchronised with torch's
-         `nn.SyncBatchNorm` (--sync-bn torch), volt's (volt, as `trainer=ddp` does) or not (none).
-- volt:  `python train.py experiment=cifar10_resnet trainer=gpu|ddp ...` as a user runs it;
-         volt_syncbn with `trainer.sync_batchnorm=true`, dp with `trainer=dp`.
-- synthetic: the plain loop on random batches already on the GPU: what the GPUs can do when
-         data loading costs nothing.
+- plain:     a hand-written DDP loop started with torch.multiprocessing; BatchNorm synchronised by
+             torch's `nn.SyncBatchNorm` (--sync-bn torch), volt's (volt: as `trainer=ddp`) or not.
+- volt:      `python train.py experiment=cifar10_resnet trainer=gpu|ddp ...` as a user runs it;
+             volt_syncbn with `trainer.sync_batchnorm=true`, dp with `trainer=dp`.
+- synthetic: the plain loop on random batches already on the GPU: the limit.
 
-The global batch is the experiment's 256 on any number of GPUs (strong scaling: each of 2 GPUs
-gets 128), or --batch-per-gpu B on each GPU (weak scaling: the global batch grows with the GPUs).
-Each side reports training samples/s (all GPUs together) for each epoch; validation is not
-counted. Scaling is samples/s on N GPUs over samples/s on one, per side, from the last epoch.
-Each side runs eager or compiled (`--runs side:mode`: `compile=mode` for volt, the net compiled in
-place for the plain loops); the table also gives N GPUs as a share of the synthetic side's.
+The global batch is the experiment's 256 on any number of GPUs (strong scaling), or
+--batch-per-gpu B on each (weak scaling). Each side reports training samples/s (all GPUs) per
+epoch, validation not counted; scaling is N GPUs over one, per side, in the last epoch. Each side
+runs eager or compiled (`--runs side:mode`: `compile=mode` for volt, the net compiled in place for
+the plain loops). Without a GPU, the same runs on the CPU (gloo, `trainer=cpu`), for tests.
 """
 
 import argparse
@@ -34,7 +30,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import harness  # benchmarks/, the folder of this script, is first on sys.path
 import torch
@@ -44,18 +39,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 REPO = Path(__file__).resolve().parents[1]
+README = REPO / "docs" / "many_gpus.md"
+MARKERS = ("<!-- perf-ddp:begin -->", "<!-- perf-ddp:end -->")
 THROUGHPUT_LINE = re.compile(r"epoch (\d+): (\d+) training samples/s")
-
-
-def compose_cifar(root: str, overrides: list[str]):  # -> DictConfig
-    from hydra import compose, initialize_config_dir
-
-    from volt.config import CONF_DIR
-
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose(
-            "train", overrides=["experiment=cifar10_resnet", f"data.root={root}", *overrides]
-        )
+# The README's table: each side eager and compiled, on 1 and N GPUs; volt's trainer=ddp with
+# SyncBatchNorm, CUDA graphs under DDP and trainer=dp on N only (nothing new to see on one).
+PLAN = ["synthetic:off", "plain:off", "volt:off", "synthetic:default", "volt:default"]
+PLAN += ["volt_syncbn:off", "volt:reduce-overhead", "dp:off"]
+ON_N_ONLY = {"volt_syncbn", "dp", "volt:reduce-overhead"}
+SIDE_NAMES = {
+    "synthetic": "synthetic (the limit)",
+    "plain": "plain DDP loop",
+    "volt": "volt `trainer=ddp`",
+    "volt_syncbn": "volt `trainer=ddp trainer.sync_batchnorm=true`",
+    "dp": "volt `trainer=dp`",
+}
 
 
 def batch_override(args: argparse.Namespace, gpus: int) -> list[str]:
@@ -63,22 +61,27 @@ def batch_override(args: argparse.Namespace, gpus: int) -> list[str]:
     return [f"data.batch_size={args.batch_per_gpu * gpus}"] if args.batch_per_gpu else []
 
 
-def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, results: str) -> None:
+def plain_rank(
+    rank: int, world: int, args: argparse.Namespace, run: tuple[str, bool, int, Path]
+) -> None:
     """One process of the plain loop; rank 0 writes the per-epoch rates to `results`."""
     from volt.build import build_datamodule, build_model
     from volt.strategies.sync_batchnorm import SyncBatchNormLayers
 
+    compile_mode, synthetic, port, results = run
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "nccl", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
-    )
+        "nccl" if cuda else "gloo", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )  # fmt: skip
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    cfg = compose_cifar(
-        args.root, [f"data.num_workers={args.workers}", *batch_override(args, world)]
-    )
+    overrides = [f"data.root={args.root}", f"data.num_workers={args.workers}"]
+    cfg = harness.compose(["experiment=cifar10_resnet", *overrides, *batch_override(args, world)])
     datamodule = build_datamodule(cfg.data)
     datamodule.setup()
     model = build_model(cfg.model, datamodule, cfg.task.from_data)  # its net and optimiser
@@ -87,117 +90,76 @@ def plain_rank(rank: int, world: int, args: argparse.Namespace, port: int, resul
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     elif args.sync_bn == "volt" and world > 1:
         net = SyncBatchNormLayers().apply(net)  # as trainer=ddp does
-    if args.compile != "off":
-        net.compile(mode=args.compile)  # in place, under DDP's wrapper: as volt's compile= does
+    if compile_mode != "off":
+        net.compile(mode=compile_mode)  # in place, under DDP's wrapper: as volt's compile= does
     if world > 1:
-        net = DistributedDataParallel(net, device_ids=[rank])
-    optimizer = model.optimizer_factory(net.parameters())
-    criterion = nn.CrossEntropyLoss(label_smoothing=cfg.model.label_smoothing)
-    batch = cfg.data.batch_size // world
+        net = DistributedDataParallel(net, device_ids=[rank] if cuda else None)
+    # Fused on CUDA, as volt's model.fused_optimizer=null makes the ResNet's SGD there.
+    optimizer = model.optimizer_factory(net.parameters(), fused=cuda)
+    smoothing = cfg.model.label_smoothing
+    step = harness.plain_step(net, optimizer, device, "bf16-mixed", smoothing, clip=None)
     # volt's batches for this rank (data.on_device decides where they are gathered), as the
     # volt side gets them: the plain loop differs from volt only in its training loop.
-    strategy = SimpleNamespace(root_device=device)
-    datamodule.trainer = SimpleNamespace(  # what volt's data modules ask of a trainer
-        world_size=world, global_rank=rank, strategy=strategy, overfit_batches=0, current_epoch=0
-    )
+    datamodule.trainer = harness.trainer_stand_in(device, world, rank)
     loader = datamodule.train_dataloader()
-    if args.synthetic:
-        steps = len(loader)
+    if synthetic:
+        batch = cfg.data.batch_size // world
         x = torch.randn(batch, 3, 32, 32, device=device)
         y = torch.randint(0, 10, (batch,), device=device)
-        loader = [(x, y)] * steps  # type: ignore[assignment]
+        loader = [(x, y)] * len(loader)  # type: ignore[assignment]
     rates = []
     net.train()
     for epoch in range(args.epochs):
         datamodule.trainer.current_epoch = epoch
-        torch.cuda.synchronize()
+        harness.synchronize(device)
         start, samples = time.perf_counter(), 0
         for images, labels in loader:
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = criterion(net(images), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            step(images, labels)
             samples += len(labels) * world
-        torch.cuda.synchronize()
+        harness.synchronize(device)
         rates.append(samples / (time.perf_counter() - start))
     if rank == 0:
-        Path(results).write_text(json.dumps(rates))
+        results.write_text(json.dumps(rates))
     dist.destroy_process_group()
 
 
-def run_plain(args: argparse.Namespace, gpus: int) -> list[float]:
-    results = f"/tmp/ddp_scaling_{os.getpid()}_{gpus}.json"
+def run_plain(args: argparse.Namespace, gpus: int, compile_mode: str, synthetic: bool) -> list:
+    results = Path(args.logs, f"plain-{compile_mode}-{synthetic}-{gpus}.json")
     with socket.socket() as sock:  # a port free now; the ranks bind it a moment later
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.start_processes(
-        plain_rank, args=(gpus, args, port, results), nprocs=gpus, start_method="spawn"
-    )
-    return json.loads(Path(results).read_text())
+    run = (compile_mode, synthetic, port, results)
+    mp.start_processes(plain_rank, args=(gpus, args, run), nprocs=gpus, start_method="spawn")
+    return json.loads(results.read_text())
 
 
-def run_volt(args: argparse.Namespace, gpus: int, strategy: str = "ddp") -> list[float]:
-    trainer = "trainer=gpu" if gpus == 1 else f"trainer={strategy} trainer.devices={gpus}"
+def run_volt(
+    args: argparse.Namespace, gpus: int, compile_mode: str, strategy: str, sync_bn: str
+) -> list[float]:
+    one = "trainer=gpu" if torch.cuda.is_available() else "trainer=cpu"
+    trainer = one if gpus == 1 else f"trainer={strategy} trainer.devices={gpus}"
     if gpus > 1 and strategy == "ddp":  # "torch" is not on offer in volt
-        trainer += f" trainer.sync_batchnorm={str(args.sync_bn == 'volt').lower()}"
+        trainer += f" trainer.sync_batchnorm={str(sync_bn == 'volt').lower()}"
     command = [
-        sys.executable,
-        str(REPO / "train.py"),
-        "experiment=cifar10_resnet",
-        *trainer.split(),
-        f"data.root={args.root}",
-        "precision=bf16-mixed",
-        f"data.num_workers={args.workers}",
-        *batch_override(args, gpus),
-        f"trainer.max_epochs={args.epochs}",
-        f"compile={args.compile}",
-        "test=false",
-        "callbacks.progress_bar=null",
-        f"paths.outputs_dir={args.outputs}",
-        *args.volt_overrides,
-    ]
-    log = Path(args.logs, f"volt-{strategy}-{args.compile}-{gpus}.log")
+        sys.executable, str(REPO / "train.py"), "experiment=cifar10_resnet", *trainer.split(),
+        f"data.root={args.root}", "precision=bf16-mixed", f"data.num_workers={args.workers}",
+        *batch_override(args, gpus), f"trainer.max_epochs={args.epochs}",
+        f"compile={compile_mode}", "test=false", "callbacks.progress_bar=null",
+        f"paths.outputs_dir={args.outputs}", *args.volt_overrides,
+    ]  # fmt: skip
+    log = Path(args.logs, f"volt-{strategy}-{compile_mode}-{gpus}.log")
     done = harness.run_fresh(command, log, cwd=REPO).check(command)
     if not (found := THROUGHPUT_LINE.findall(done.text())):
         raise RuntimeError(f"{' '.join(command)}: no training samples/s in {log}")
     return [float(rate) for _, rate in found]
 
 
-# The README's table (`--readme`): each side in each compile mode, eager and compiled, on 1 and N
-# GPUs; volt's trainer=ddp with SyncBatchNorm, CUDA graphs under DDP and trainer=dp on N only.
-PLAN = [
-    "synthetic:off",
-    "plain:off",
-    "volt:off",
-    "synthetic:default",
-    "volt:default",
-    "volt_syncbn:off",
-    "volt:reduce-overhead",
-    "dp:off",
-]
-ON_N_ONLY = {"volt_syncbn", "dp", "volt:reduce-overhead"}  # nothing new to see on one GPU
-SIDE_NAMES = {
-    "synthetic": "synthetic (the limit)",
-    "plain": "plain DDP loop",
-    "volt": "volt `trainer=ddp`",
-    "volt_syncbn": "volt `trainer=ddp trainer.sync_batchnorm=true`",
-    "dp": "volt `trainer=dp`",
-}
-README = REPO / "docs" / "many_gpus.md"
-MARKERS = ("<!-- perf-ddp:begin -->", "<!-- perf-ddp:end -->")
-
-
 def measure(args: argparse.Namespace, side: str, compile_mode: str, gpus: int) -> list[float]:
-    args.compile = compile_mode
-    args.synthetic = side == "synthetic"
     if side in ("synthetic", "plain"):
-        return run_plain(args, gpus)
+        return run_plain(args, gpus, compile_mode, synthetic=side == "synthetic")
     if side == "volt_syncbn":
-        return run_volt(argparse.Namespace(**{**vars(args), "sync_bn": "volt"}), gpus)
-    return run_volt(args, gpus, "dp" if side == "dp" else "ddp")
+        return run_volt(args, gpus, compile_mode, "ddp", sync_bn="volt")
+    return run_volt(args, gpus, compile_mode, "dp" if side == "dp" else "ddp", args.sync_bn)
 
 
 def markdown(rows: list[dict], gpus: int, header: str) -> str:
@@ -227,21 +189,17 @@ def main() -> None:
     )
     parser.add_argument("--root", required=True, help="folder holding cifar-10-batches-py")
     parser.add_argument(
-        "--runs",
-        nargs="+",
-        default=PLAN,
+        "--runs", nargs="+", default=PLAN,
         help="side:compile pairs; sides synthetic, plain, volt, volt_syncbn, dp; compile off,"
         " default, reduce-overhead, max-autotune (default: the README's plan)",
-    )
+    )  # fmt: skip
     parser.add_argument("--gpus", type=int, default=torch.cuda.device_count(), help="N")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument(
-        "--sync-bn",
-        choices=["torch", "volt", "none"],
-        default="none",
+        "--sync-bn", choices=["torch", "volt", "none"], default="none",
         help="BatchNorm in the plain/synthetic loops and volt's ddp (volt_syncbn: always on)",
-    )
+    )  # fmt: skip
     parser.add_argument("--batch-per-gpu", type=int, help="weak scaling; default: global 256")
     parser.add_argument("--outputs", default="/tmp/outputs")
     parser.add_argument("--json", help="also write the results here, after each run")
@@ -253,8 +211,7 @@ def main() -> None:
     page = harness.Page(README, *MARKERS) if args.readme else None
     if page:  # before minutes are spent measuring
         page.check("ddp_scaling")
-    args.logs = tempfile.mkdtemp(prefix="ddp-scaling-logs-")  # each volt run's output
-    started = time.strftime("%Y-%m-%d")
+    args.logs = tempfile.mkdtemp(prefix="ddp-scaling-logs-")  # each run's output
     rows: list[dict] = []
     for run in args.runs:
         side, compile_mode = run.split(":")
@@ -266,17 +223,15 @@ def main() -> None:
             except RuntimeError as error:  # one failed run leaves the others' results
                 print(f"{run} on {gpus} GPU(s) failed: {str(error)[-1500:]}", flush=True)
                 continue
-            rows.append(
-                {"side": side, "compile": compile_mode, "gpus": gpus, "samples_per_s": rates}
-            )
+            row = {"side": side, "compile": compile_mode, "gpus": gpus, "samples_per_s": rates}
+            rows.append(row)
             print(json.dumps(rows[-1]), flush=True)
             if args.json:
-                harness.save_json(
-                    Path(args.json), {"device": torch.cuda.get_device_name(), "rows": rows}
-                )
+                harness.save_json(Path(args.json), {"device": harness.device_name(), "rows": rows})
     batch = f"{args.batch_per_gpu} per GPU" if args.batch_per_gpu else "256 global"
+    about = harness.versions() | {"device": harness.device_name()}  # CUDA in this process only now
     header = (
-        f"{torch.cuda.get_device_name()} x {args.gpus}, torch {torch.__version__}, {started}:"
+        f"{about['device']} x {args.gpus}, torch {about['torch']}, {about['date']}:"
         f" `experiment=cifar10_resnet precision=bf16-mixed`, batch {batch}, BatchNorm"
         f" {'synchronised' if args.sync_bn != 'none' else 'per GPU'} unless the row says so;"
         f" training samples/s in the last of {args.epochs} epochs"

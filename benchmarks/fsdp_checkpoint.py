@@ -7,15 +7,13 @@ on rank 0, one file), beside the floor: one torch.save of this rank's own shard.
         --devices 8 -- model.net.n_layer=24 model.net.n_head=16 model.net.n_embd=2048 \\
         data.batch_size=4 compile=off                                    # a 1.2B GPT on 8 GPUs
 
-Each layout runs `train.py` for two steps with no checkpoint callback; when training ends every
-rank saves `--repeats` times through `trainer.save_checkpoint` (what ModelCheckpoint calls) and
-records, per save: the seconds until it returned on that rank (training resumes then), and the
-host memory it took (peak resident set during the save, reset before it through malloc_trim and
-/proc/self/clear_refs, less the resident set before it; Linux and glibc only); and, once, how
-much of a save collecting the state takes. The floor is this rank's shard of the weights and
-AdamW states (`to_local`), staged to host memory and written with torch.save and fsync.
-Sharded runs also time DCP's `async_save` of the same shards (not used by volt): the part that
-blocks (staging to host memory) and the whole.
+Each layout runs `train.py` for two steps; when training ends every rank saves `--repeats` times
+through `trainer.save_checkpoint` (what ModelCheckpoint calls), each save's seconds until it
+returned (training resumes then) and host memory (the peak resident set during it less the one
+before; Linux and glibc only); then, once, the part of a save that collects the state, and the
+floor: this rank's shard of the weights and AdamW states staged to the host, torch.save'd and
+fsync'ed. Sharded runs also time DCP's `async_save` (not used by volt): its blocking part (the
+staging) and the whole.
 """
 
 import argparse
@@ -26,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +46,24 @@ def _status_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def _reset_peak() -> None:
+def _measured(trainer: pl.Trainer, save: Callable[[], object]) -> dict[str, float]:
+    trainer.strategy.barrier()
     # Memory freed by training (gradients, activations on the CPU) stays resident in malloc's
     # free lists, where a save's allocations would land unseen: hand it back to the system first.
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
-
-
-def _measured(trainer: pl.Trainer, save: Any) -> dict[str, float]:
-    trainer.strategy.barrier()
-    _reset_peak()
     before = _status_kib("VmRSS")
     start = time.perf_counter()
     save()
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "host_gib": (_status_kib("VmHWM") - before) / 2**20}
+
+
+def _remove_on_rank_zero(trainer: pl.Trainer, path: Path) -> None:
+    """Once every rank has written: `path`, a file or a folder (not timed; the next save anew)."""
+    trainer.strategy.barrier()
+    if trainer.is_global_zero:
+        subprocess.run(["rm", "-rf", str(path)], check=True)
 
 
 class TimedSaves(Callback):
@@ -72,17 +74,13 @@ class TimedSaves(Callback):
         self.repeats = repeats
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        strategy = trainer.strategy
-        root = Path(trainer.default_root_dir)
+        root, rank = Path(trainer.default_root_dir), trainer.global_rank
         target = root / "timed.ckpt"
         saves = []
         for _ in range(self.repeats):
             saves.append(_measured(trainer, lambda: trainer.save_checkpoint(target)))
-            strategy.barrier()
-            if trainer.is_global_zero:  # not timed: the next save writes anew
-                subprocess.run(["rm", "-rf", str(target)], check=True)
-        rank = trainer.global_rank
-        model, optimizer = strategy.model, trainer.optimizers[0]
+            _remove_on_rank_zero(trainer, target)
+        model, optimizer = trainer.strategy.model, trainer.optimizers[0]
         floor_file = root / f"floor_rank{rank}.pt"
 
         def floor() -> None:
@@ -90,9 +88,8 @@ class TimedSaves(Callback):
                 "model": get_model_state_dict(model),
                 "optimizer": get_optimizer_state_dict(model, optimizer),
             }
-            local = _to_host(own)
             with floor_file.open("wb") as file:
-                torch.save(local, file)
+                torch.save(_to_host(own), file)
                 file.flush()
                 os.fsync(file.fileno())
 
@@ -106,7 +103,7 @@ class TimedSaves(Callback):
             "floor": _measured(trainer, floor),
         }
         floor_file.unlink()
-        if getattr(strategy, "_save_distributed_checkpoint", False):
+        if getattr(trainer.strategy, "_save_distributed_checkpoint", False):
             record["async"] = _async_save(trainer, root / "async.ckpt")
         (root / f"saves_rank{rank}.json").write_text(json.dumps(record))
 
@@ -136,9 +133,7 @@ def _async_save(trainer: pl.Trainer, folder: Path) -> dict[str, float]:
     blocked = time.perf_counter() - start
     future.result()
     total = time.perf_counter() - start
-    trainer.strategy.barrier()
-    if trainer.is_global_zero:
-        subprocess.run(["rm", "-rf", str(folder)], check=True)
+    _remove_on_rank_zero(trainer, folder)
     return {"blocking_seconds": blocked, "total_seconds": total}
 
 
@@ -149,24 +144,16 @@ def run(layout: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
     name = f"bench_{layout}"
     command = [
-        sys.executable,
-        "train.py",
-        f"experiment={args.experiment}",
-        "trainer=fsdp",
+        *(sys.executable, "train.py", f"experiment={args.experiment}", "trainer=fsdp"),
         f"trainer.devices={args.devices}",
         f"trainer.strategy.checkpoint={layout}",
         "trainer.max_steps=2",
         "model.scheduler.warmup_steps=0",  # two steps only
-        "trainer.limit_val_batches=0",
-        "test=false",
-        "logger=none",
-        "callbacks.model_checkpoint=null",
-        "callbacks.last_checkpoint=null",
-        "callbacks.early_stopping=null",
-        "callbacks.text_samples=null",
-        "callbacks.progress_bar=null",
+        *("trainer.limit_val_batches=0", "test=false", "logger=none"),
+        *(f"callbacks.{c}=null" for c in ("model_checkpoint", "last_checkpoint", "early_stopping")),
+        *("callbacks.text_samples=null", "callbacks.progress_bar=null"),
         "trusted_targets=[benchmarks]",
-        f"+callbacks.timed={{_target_:benchmarks.fsdp_checkpoint.TimedSaves,"
+        "+callbacks.timed={_target_:benchmarks.fsdp_checkpoint.TimedSaves,"
         f"repeats:{args.repeats}}}",
         f"name={name}",
         f"paths.outputs_dir={args.outputs}",
@@ -195,8 +182,7 @@ def main() -> None:
         for rank, record in enumerate(run(layout, args)):
             seconds = statistics.median(s["seconds"] for s in record["saves"])
             host = max(s["host_gib"] for s in record["saves"])
-            floor = record["floor"]
-            sync = record.get("async")
+            floor, sync = record["floor"], record.get("async")
             async_text = (
                 f"{sync['blocking_seconds']:.2f}/{sync['total_seconds']:.2f}" if sync else "-"
             )

@@ -4,22 +4,21 @@ volt task (LanguageModel + TextBytesDataModule under Lightning) is measured agai
     python benchmarks/gpt_plain.py --n-layer 12 --n-head 12 --n-embd 768 --block-size 1024 \\
         --batch-size 16 --compile
 
-The corpus (this Python's standard library sources, read as volt.data.text_bytes reads them)
-sits on the device as one uint8 tensor and every step draws its random windows there: no
-DataLoader, no host-to-device copy. AdamW (fused on CUDA) over the net's two parameter groups;
-bf16 autocast by default on CUDA. After warm-up steps (which absorb compilation) the timed steps
-run without a host sync; the result is tokens per second and, on a GPU whose peak volt knows
-(volt.callbacks.token_throughput.PEAK_TFLOPS, the table the TokenThroughput callback reads too),
-the model FLOPs utilisation (MFU): the net's training FLOPs per token times tokens per second over
-the device's peak. The last line printed is the result as JSON.
+The corpus (this Python's standard library sources, as volt.data.text_bytes reads them) sits on
+the device as one uint8 tensor and every step draws its random windows there: no DataLoader, no
+host-to-device copy. AdamW (fused on CUDA) over the net's two parameter groups; bf16 autocast by
+default on CUDA. The timed steps follow the warm-up (compilation) without a host sync. MFU: the
+net's training FLOPs per token times tokens/s over the device's peak, where volt knows it
+(volt.callbacks.token_throughput.PEAK_TFLOPS). The last line printed is the result as JSON.
 """
 
 import argparse
 import json
-import time
 
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn import functional as F
 
 from volt.callbacks.token_throughput import peak_tflops
 from volt.data.text_bytes import read_corpus, stdlib_sources
@@ -32,6 +31,34 @@ def draw_batch(corpus: Tensor, batch_size: int, block_size: int) -> tuple[Tensor
     offsets = torch.arange(block_size + 1, device=corpus.device)
     window = corpus[starts + offsets].long()  # (B, T + 1)
     return window[:, :-1], window[:, 1:]
+
+
+def train(
+    model: nn.Module, optimizer: torch.optim.Optimizer, corpus: Tensor, batch_size: int,
+    block_size: int, *, bf16: bool, clip: float, warmup: int, steps: int,
+) -> tuple[float, list[Tensor]]:  # fmt: skip
+    """`warmup` untimed steps of `model` (the net, or DDP around it) on random windows of `corpus`,
+    then `steps` timed ones, the device synchronised only at their edges: the timed steps'
+    seconds, and every step's loss (left on the device)."""
+    device = corpus.device
+    windows = harness.Windows(warmup, steps, 1, lambda: harness.synchronize(device))
+    windows.step_done(0)
+    losses = []
+    for n in range(1, windows.total + 1):
+        x, y = draw_batch(corpus, batch_size, block_size)
+        # The loss inside autocast too, as under Lightning's bf16-mixed (autocast runs
+        # cross-entropy in float32).
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)  # (B, T, V)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss.backward()
+        if clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        windows.step_done(n)
+    return windows.seconds()[0], losses
 
 
 def main() -> None:
@@ -50,8 +77,7 @@ def main() -> None:
     parser.add_argument("--weight-decay", type=float, default=0.1)
     parser.add_argument("--grad-clip", type=float, default=0.0, help="max grad norm; 0: off")
     parser.add_argument("--compile", action="store_true", help="torch.compile the net")
-    default_device = "cuda" if torch.cuda.is_available() else "cpu"
-    parser.add_argument("--device", default=default_device)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--precision",
         choices=["bf16", "tf32", "fp32"],
@@ -65,59 +91,30 @@ def main() -> None:
         parser.error(f"--steps {args.steps}: time at least one step, e.g. --steps 50")
 
     device = torch.device(args.device)
-    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    cuda = device.type == "cuda"
+    precision = args.precision or ("bf16" if cuda else "fp32")
     torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
     torch.manual_seed(args.seed)
     corpus_bytes = read_corpus(stdlib_sources(), args.max_bytes)
     corpus = torch.frombuffer(bytearray(corpus_bytes), dtype=torch.uint8).to(device)
-
     net = GPT(
-        block_size=args.block_size,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        n_embd=args.n_embd,
-        dropout=args.dropout,
-    ).to(device)
+        block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+        n_embd=args.n_embd, dropout=args.dropout,
+    ).to(device)  # fmt: skip
     if args.compile:
         net.compile()
     optimizer = torch.optim.AdamW(
-        net.param_groups(args.weight_decay),
-        lr=args.lr,
-        betas=(0.9, 0.95),
-        fused=device.type == "cuda",
+        net.param_groups(args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=cuda
     )
-
-    def step() -> Tensor:
-        x, y = draw_batch(corpus, args.batch_size, args.block_size)
-        # The loss inside autocast too, as under Lightning's bf16-mixed (autocast runs
-        # cross-entropy in float32).
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = net(x)  # (B, T, V)
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(net.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
-
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    warmup = [step() for _ in range(max(1, args.warmup_steps))]
-    first_loss = warmup[0].item()
-    synchronize()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    synchronize()
-    seconds = time.perf_counter() - start
+    seconds, losses = train(
+        net, optimizer, corpus, args.batch_size, args.block_size, bf16=precision == "bf16",
+        clip=args.grad_clip, warmup=max(1, args.warmup_steps), steps=args.steps,
+    )  # fmt: skip
 
     tokens_per_s = args.steps * args.batch_size * args.block_size / seconds
     peak = peak_tflops(device, precision)
     mfu = net.flops_per_token() * tokens_per_s / (peak * 1e12) if peak else None
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
     result = {
         "device": name,
         "precision": precision,
@@ -129,17 +126,15 @@ def main() -> None:
         "tokens_per_s": tokens_per_s,
         "mfu": mfu,
         "peak_tflops": peak,
-        "loss_first": first_loss,
-        "loss_last": loss.item(),
-        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30
-        if device.type == "cuda"
-        else None,
+        "loss_first": losses[0].item(),
+        "loss_last": losses[-1].item(),
+        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
     }
     mfu_text = f"MFU {100 * mfu:.1f}% of {peak:.0f} TFLOP/s" if mfu is not None else "MFU n/a"
     print(
         f"{name}, {precision}{', compiled' if args.compile else ''}: {net.num_params() / 1e6:.2f}M "
         f"params, {result['ms_per_step']:.1f} ms/step, {tokens_per_s:,.0f} tokens/s, {mfu_text}; "
-        f"loss {first_loss:.3f} -> {result['loss_last']:.3f}"
+        f"loss {result['loss_first']:.3f} -> {result['loss_last']:.3f}"
     )
     print(json.dumps(result))
 

@@ -3,45 +3,27 @@ DistributedDataParallel loop of the same model, and the largest GPT each of them
 
     python benchmarks/gpt_scaling.py --json a.json                    # throughput on all GPUs
     python benchmarks/gpt_scaling.py --runs --largest --json b.json   # the largest GPT of each
-    python benchmarks/gpt_scaling.py --report a.json b.json --readme  # README.md's tables of both
+    python benchmarks/gpt_scaling.py --report a.json b.json --readme  # the page's tables of both
     python benchmarks/gpt_scaling.py --tiny --largest                 # all of it, toy sizes, CPU
 
-Throughput, with `--batch-per-gpu` windows of 1024 bytes on every GPU (weak scaling), each run in
-a fresh group of processes of its own, ended after `--timeout` seconds:
+Throughput: `--batch-per-gpu` windows of 1024 bytes on every GPU (weak scaling), `--warmup` steps
+(compilation) then `--steps` timed ones, each run a fresh group of processes, ended at `--timeout`.
+plain-1 and plain-ddp are gpt_plain.py's loop of volt's model and optimiser (bf16 autocast,
+torch.compile, fused AdamW, clipping at 1.0) on one GPU and under DistributedDataParallel on all
+(NCCL; gloo on the CPU), timed as one window. volt-gpu, volt-ddp and volt-fsdp are `train.py
+experiment=gpt_bytes trainer=gpu|ddp|fsdp` (global data.batch_size) less validation, test,
+checkpoints and the LR decay, read back from its CSV log: TokenThroughput's tokens/s and MFU over
+the timed windows of gcd(warmup, steps) steps, GPUMemoryMonitor's peak. MFU is per GPU, of its
+dense bf16 peak; scaling is over the same side's run on one GPU.
 
-- plain-1, plain-ddp: a hand-written loop of volt's GPT (benchmarks/gpt_plain.py's step: the corpus
-  on the device, random windows drawn there, bf16 autocast, torch.compile, fused AdamW over the
-  net's parameter groups, gradient clipping at gpt_bytes' 1.0) on one GPU, and under
-  DistributedDataParallel on all of them (a process per GPU, NCCL; gloo on the CPU).
-- volt-gpu, volt-ddp, volt-fsdp: `python train.py experiment=gpt_bytes trainer=gpu|ddp|fsdp` as a
-  user runs it (data.batch_size is global: batch-per-gpu x GPUs), less what is not training: no
-  validation, test or checkpoints, and the LR warm-up without the decay (the run is cut short).
-  Its numbers are the ones it logs, read back from its CSV log (logger=csv instead of TensorBoard:
-  both write only every trainer.log_every_n_steps steps): TokenThroughput's tokens/s and MFU, and
-  GPUMemoryMonitor's peak allocated memory of each GPU.
+--largest: trainer=ddp, then trainer=fsdp from the first rung DDP failed (the top if none), climbs
+a ladder of GPT shapes (n_layer x n_embd, heads of 128) on all GPUs: `train.py` for
+`--probe-steps` steps a rung (8 x 1024 bytes per GPU, bf16-mixed, eager), up to the first that
+fails or passes `--probe-timeout`. A rung whose weights, gradients and AdamW state alone (16 bytes
+a parameter, over N GPUs under FSDP) exceed a GPU is out of memory unrun.
 
-Each run trains `--warmup` steps (compilation) and then `--steps` timed ones, the device
-synchronised only at the edges: the plain loop times them as one window; volt's TokenThroughput
-times windows of gcd(warmup, steps) steps (10 by default, volt's own log_every_n_steps), of which
-those after the warm-up count. MFU is per GPU, of its dense bf16 peak (volt's table, in
-volt.callbacks.token_throughput); scaling is tokens/s over the same side's on one GPU.
-
---largest: trainer=ddp, then trainer=fsdp, on all GPUs, climbs a ladder of GPT shapes (n_layer x
-n_embd, heads of 128). Each rung is `train.py` for `--probe-steps` steps (8 windows of 1024 bytes
-per GPU, bf16-mixed, eager), each bounded by `--probe-timeout`, up to the first that fails. FSDP
-holds less on each GPU than DDP, so its climb starts at the first rung DDP could not train (at the
-top rung if DDP trained them all). A rung whose weights, gradients and AdamW state alone (16 bytes
-a parameter, over N GPUs under FSDP) exceed a GPU is counted out of memory without being run. The
-default ladder is guessed for H200s (140 GiB) to need three runs: DDP 40x3072, FSDP 48x4096 and
-64x4096 (DDP's 48x4096 fails by that arithmetic). Besides the activations, DDP holds about 18
-bytes a parameter on each GPU (fp32 weights, DDP's gradient buckets, AdamW's two moments, bf16
-copies of the weights), FSDP on 2 GPUs about 6 (its halves of the weights and moments); the
-activations, the same for both, take about 37 bytes a token per layer per unit of width (fitted
-to 2.5B parameters, batch 8 x 1024, at 55.9 GiB on one H100). Most of a probe's time goes to
-building the model on the CPU, as volt does: about 5-10 ns a parameter.
-
-Results are written to `--json` after each run, so a cut-off benchmark keeps what it measured; the
-tables are printed as markdown at the end, and with --readme written between README.md's markers.
+Results go to `--json` after each run; the tables are printed, and with --readme written between
+the page's markers.
 """
 
 import argparse
@@ -53,7 +35,6 @@ import multiprocessing
 import os
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,22 +43,23 @@ import harness  # benchmarks/, the folder of this script, is first on sys.path
 import numpy as np
 import torch
 import torch.distributed as dist
-from gpt_plain import draw_batch
-from hydra import compose, initialize_config_dir
-from torch import nn
-from torch.nn import functional as F
+from gpt_plain import train
 from torch.nn.parallel import DistributedDataParallel
 
 from volt.build import build_datamodule, build_model
 from volt.callbacks.token_throughput import matmul_dtype, peak_tflops
-from volt.config import CONF_DIR
 from volt.gpu import apply_compile, apply_matmul_precision
 from volt.nets.gpt import GPT
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "docs" / "many_gpus.md"
 MARKERS = ("<!-- perf-gpt-multi:begin -->", "<!-- perf-gpt-multi:end -->")
-LADDER = ("40x3072", "48x4096", "64x4096")  # 4.5B, 9.7B, 12.9B parameters; see the docstring
+# 4.5B, 9.7B, 12.9B parameters, guessed for H200s (140 GiB) to need three rungs: DDP trains
+# 40x3072, FSDP 48x4096 and 64x4096. Per GPU, DDP holds about 18 bytes a parameter (weights,
+# gradient buckets, AdamW's moments, bf16 copies), FSDP on 2 GPUs about 6, the activations about
+# 37 bytes a token per layer per unit of width (2.5B parameters at 8 x 1024: 55.9 GiB on an H100).
+# Building the model on the CPU, as volt does, takes most of a rung: about 5-10 ns a parameter.
+LADDER = ("40x3072", "48x4096", "64x4096")
 TINY_LADDER = ("2x128",)
 RUNS = {
     "plain-1": "plain PyTorch loop",
@@ -95,7 +77,7 @@ NOT_TRAINING = [
     "callbacks.last_checkpoint=null",
     "callbacks.early_stopping=null",  # it watches a validation metric
     "model.scheduler.max_steps=-1",  # warm-up, no decay: the run ends long before a decay would
-    "logger=csv",
+    "logger=csv",  # read back here; like TensorBoard, written every log_every_n_steps steps
 ]
 
 
@@ -160,11 +142,11 @@ class Plan:
         """Steps per TokenThroughput window: volt's log_every_n_steps here."""
         return math.gcd(self.warmup, self.steps)
 
-    def model_overrides(self, gpus: int) -> list[str]:
+    def model_overrides(self, gpus: int, batch_per_gpu: int) -> list[str]:
         return [
             f"experiment={self.experiment}",
             f"data.block_size={self.block_size}",
-            f"data.batch_size={self.batch_per_gpu * gpus}",  # global
+            f"data.batch_size={batch_per_gpu * gpus}",  # global
         ]
 
 
@@ -183,17 +165,17 @@ def plain_rank(
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the ranks share the cores
     if world > 1:
+        backend, timeout = "nccl" if cuda else "gloo", datetime.timedelta(seconds=120)
         dist.init_process_group(
-            "nccl" if cuda else "gloo",
+            backend,
             init_method=f"file://{rendezvous}",
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(seconds=120),
+            timeout=timeout,
         )
     apply_matmul_precision(None)  # as volt's runs: TF32 where there are tensor cores for it
     torch.manual_seed(rank)  # each rank its own windows
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
+    cfg = harness.compose(overrides)
     datamodule: Any = build_datamodule(cfg.data)
     datamodule.prepare_data()  # the corpus file volt's runs read
     model: Any = build_model(cfg.model, datamodule, cfg.task.from_data).to(device)
@@ -206,27 +188,12 @@ def plain_rank(
     )
     corpus = torch.from_numpy(np.fromfile(datamodule.corpus_path(), dtype=np.uint8)).to(device)
     batch, block = cfg.data.batch_size // world, cfg.data.block_size
-    autocast = cfg.precision == "bf16-mixed"
-    clip = cfg.trainer.gradient_clip_val
-
-    def step() -> None:
-        x, y = draw_batch(corpus, batch, block)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = trained(x)  # (B, T, V)
-            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        loss.backward()
-        if clip:
-            nn.utils.clip_grad_norm_(net.parameters(), clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    windows = harness.Windows(warmup, steps, 1, lambda: synchronize(device))
-    windows.step_done(0)
-    for n in range(1, windows.total + 1):
-        step()
-        windows.step_done(n)
+    seconds, _ = train(
+        trained, optimizer, corpus, batch, block, bf16=cfg.precision == "bf16-mixed",
+        clip=cfg.trainer.gradient_clip_val or 0.0, warmup=warmup, steps=steps,
+    )  # fmt: skip
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
-    ranks: list[dict[str, Any]] = [{"seconds": windows.seconds()[0], "peak_gib": peak}]
+    ranks: list[dict[str, Any]] = [{"seconds": seconds, "peak_gib": peak}]
     if world > 1:
         mine, ranks = ranks[0], [{}] * world
         dist.all_gather_object(ranks, mine)
@@ -242,11 +209,6 @@ def plain_rank(
         "params": net.num_params(),
     }
     print(harness.result_line(result), flush=True)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def plain_processes(world: int, overrides: list[str], warmup: int, steps: int) -> None:
@@ -276,16 +238,6 @@ def plain_processes(world: int, overrides: list[str], warmup: int, steps: int) -
 # -------------------------------------------------------------------------------- in the parent
 
 
-def measure_plain(gpus: int, plan: Plan, log: Path) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--plain-child", str(gpus), "--warmup", str(plan.warmup)]
-    command += ["--steps", str(plan.steps), "--overrides", *plan.model_overrides(gpus)]
-    done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO)
-    result = done.result()
-    if done.failure() or result is None:
-        return {"error": done.failure() or f"no result line in {log}"}
-    return result
-
-
 def volt_command(trainer: str, gpus: int, outputs: Path, overrides: list[str]) -> list[str]:
     devices = [] if trainer in ("gpu", "cpu") else [f"trainer.devices={gpus}"]
     return [
@@ -312,19 +264,15 @@ def peak_gib(rows: list[dict[str, str]]) -> float | None:
     return max(peaks) if peaks else None
 
 
-def measure_volt(trainer: str, gpus: int, plan: Plan, log: Path) -> dict[str, Any]:
-    outputs = log.with_suffix("")
-    steps = [f"trainer.max_steps={plan.warmup + plan.steps}"]
-    steps.append(f"trainer.log_every_n_steps={plan.window}")
-    command = volt_command(trainer, gpus, outputs, [*plan.model_overrides(gpus), *steps])
-    if failed := harness.run_fresh(command, log, plan.timeout_s, cwd=REPO).failure():
-        return {"error": failed}
+def volt_throughput(outputs: Path, plan: Plan) -> dict[str, Any]:
+    """TokenThroughput's tokens/s and MFU over the windows after the warm-up, from the CSV log."""
     rows = logged(outputs)
     windows = [r for r in rows if r.get("perf/train_tokens_per_s")]
-    if len(windows) != (plan.warmup + plan.steps) // plan.window:
+    expected = (plan.warmup + plan.steps) // plan.window
+    if len(windows) != expected:
         return {
-            "error": f"{len(windows)} TokenThroughput windows in the log, not"
-            f" {(plan.warmup + plan.steps) // plan.window}: see {outputs}"
+            "error": f"{len(windows)} TokenThroughput windows in the log, not {expected}:"
+            f" see {outputs}"
         }
     timed = windows[plan.warmup // plan.window :]
     rates = [float(r["perf/train_tokens_per_s"]) for r in timed]
@@ -342,13 +290,25 @@ def measure(run: str, plan: Plan) -> dict[str, Any]:
     """One throughput run: tokens/s of all GPUs, MFU per GPU, peak GiB of the fullest GPU."""
     gpus = 1 if run in ("plain-1", "volt-gpu") else plan.gpus
     log = plan.work / f"{run}.log"
-    started = time.perf_counter()
+    outputs = log.with_suffix("")
+    overrides = plan.model_overrides(gpus, plan.batch_per_gpu)
     if run.startswith("plain"):
-        result = measure_plain(gpus, plan, log)
+        command = [sys.executable, __file__, "--plain-child", str(gpus)]
+        command += ["--warmup", str(plan.warmup), "--steps", str(plan.steps)]
+        command += ["--overrides", *overrides]
     else:
         trainer = plan.one_device if run == "volt-gpu" else run.removeprefix("volt-")
-        result = measure_volt(trainer, gpus, plan, log)
-    return {"run": run, "gpus": gpus, **result, "wall_s": time.perf_counter() - started}
+        overrides.append(f"trainer.max_steps={plan.warmup + plan.steps}")
+        overrides.append(f"trainer.log_every_n_steps={plan.window}")
+        command = volt_command(trainer, gpus, outputs, overrides)
+    done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO)
+    if failed := done.failure():
+        result = {"error": failed}
+    elif run.startswith("plain"):
+        result = done.result() or {"error": f"no result line in {log}"}
+    else:
+        result = volt_throughput(outputs, plan)
+    return {"run": run, "gpus": gpus, **result, "wall_s": done.wall_s}
 
 
 def beyond_memory(strategy: str, params: int, plan: Plan) -> str | None:
@@ -369,15 +329,11 @@ def probe(strategy: str, shape: Shape, plan: Plan) -> dict[str, Any]:
     how much memory."""
     params = shape.params(plan.block_size)
     record = {"largest": strategy, "shape": str(shape), "params": params}
-    surely = beyond_memory(strategy, params, plan)
-    if surely:
+    if surely := beyond_memory(strategy, params, plan):
         return {**record, "outcome": surely, "peak_gib": None, "wall_s": 0.0}
     log = plan.work / f"largest-{strategy}-{shape}.log"
-    outputs = log.with_suffix("")
     overrides = [
-        f"experiment={plan.experiment}",
-        f"data.block_size={plan.block_size}",
-        f"data.batch_size={plan.probe_batch_per_gpu * plan.gpus}",
+        *plan.model_overrides(plan.gpus, plan.probe_batch_per_gpu),
         f"model.net.n_layer={shape.n_layer}",
         f"model.net.n_embd={shape.n_embd}",
         f"model.net.n_head={shape.n_head}",
@@ -386,13 +342,13 @@ def probe(strategy: str, shape: Shape, plan: Plan) -> dict[str, Any]:
         f"trainer.max_steps={plan.probe_steps}",
         "trainer.log_every_n_steps=1",  # GPUMemoryMonitor's peak after every step
     ]
-    command = volt_command(strategy, plan.gpus, outputs, overrides)
+    command = volt_command(strategy, plan.gpus, log.with_suffix(""), overrides)
     done = harness.run_fresh(command, log, plan.probe_timeout_s, cwd=REPO)
     failed = done.failure()
     return {
         **record,
         "outcome": failed or "trained",
-        "peak_gib": None if failed else peak_gib(logged(outputs)),
+        "peak_gib": None if failed else peak_gib(logged(log.with_suffix(""))),
         "wall_s": done.wall_s,
     }
 
@@ -402,14 +358,9 @@ def combined(
 ) -> dict[str, Any]:
     """Earlier results with `about` over theirs, less their records of what is measured again:
     the throughput runs named in `runs`, and the largest GPTs if `largest`."""
-    return {
-        "about": {**earlier.get("about", {}), **about},
-        "records": [
-            r
-            for r in earlier.get("records", [])
-            if r.get("run", "") not in runs and not ("largest" in r and largest)
-        ],
-    }
+    records = earlier.get("records", [])
+    kept = [r for r in records if r.get("run") not in runs and not ("largest" in r and largest)]
+    return {"about": {**earlier.get("about", {}), **about}, "records": kept}
 
 
 class Results(harness.Console):
@@ -528,13 +479,7 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
     if probes:
         plan = about["largest"]
         tried = {s: [r for r in probes if r["largest"] == s] for s in ("ddp", "fsdp")}
-        columns = [
-            "strategy",
-            "largest trained",
-            "parameters",
-            "peak GiB per GPU",
-            "the rung above",
-        ]
+        columns = ["strategy", "largest trained", "parameters", "peak GiB per GPU"]
         lines += [
             "",
             f"The largest GPT trained, climbing {' '.join(plan['ladder'])} (n_layer x n_embd,"
@@ -544,18 +489,12 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
             f" ({sum(r['wall_s'] for r in probes):.0f} s for {len(probes)} rungs).",
             "",
             *harness.markdown_table(
-                columns, "llrrl", (largest_row(s, rs) for s, rs in tried.items() if rs)
+                [*columns, "the rung above"],
+                "llrrl",
+                (largest_row(s, rs) for s, rs in tried.items() if rs),
             ),
         ]
     return "\n".join(lines)
-
-
-PAGE = harness.Page(README, *MARKERS)
-
-
-def with_table(text: str, table: str) -> str:
-    """`text` (the page's) with `table` in place of whatever stood between the markers."""
-    return PAGE.with_table(text, table)
 
 
 # ------------------------------------------------------------------------------------- the CLI
@@ -595,8 +534,9 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dict[str, Any]:
     """What the report says of this benchmark's runs, beside their records."""
-    machine = {"device": plan.device, "gpus": plan.gpus, **harness.versions()}
-    about: dict[str, Any] = {"machine": machine}
+    about: dict[str, Any] = {
+        "machine": {"device": plan.device, "gpus": plan.gpus, **harness.versions()}
+    }
     if args.runs:
         keys = ("experiment", "variant", "block_size", "batch_per_gpu", "warmup", "steps")
         about["throughput"] = {key: getattr(plan, key) for key in keys}
@@ -611,10 +551,16 @@ def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dic
     return about
 
 
-def finish(table: str, readme: str | None) -> None:
-    print(f"\n{table}", flush=True)
-    if readme:
-        harness.Page(Path(readme), *MARKERS).write(table)
+def saved_results(names: list[str]) -> dict[str, Any]:
+    """The --json files' about and records, a later file's parts replacing an earlier one's."""
+    saved: dict[str, Any] = {}
+    for name in names:
+        later = json.loads(Path(name).read_text())
+        runs = [r["run"] for r in later["records"] if "run" in r]
+        largest = any("largest" in r for r in later["records"])
+        saved = combined(saved, later["about"], runs, largest)
+        saved["records"] += later["records"]
+    return saved
 
 
 def main() -> None:
@@ -622,70 +568,59 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tiny", action="store_true", help="toy sizes, 2 processes on the CPU")
-    parser.add_argument(
-        "--runs",
-        nargs="*",
-        choices=RUNS,
-        default=list(RUNS),
-        help="the throughput runs (default: all of them; --runs alone: none)",
-    )
+    runs = "the throughput runs (default: all of them; --runs alone: none)"
+    parser.add_argument("--runs", nargs="*", choices=RUNS, default=list(RUNS), help=runs)
     parser.add_argument("--batch-per-gpu", type=int, help="windows per GPU (16; tiny: 4)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (20; tiny: 2)")
     parser.add_argument("--steps", type=int, help="timed steps (50; tiny: 4)")
+    ladder = "find the largest GPT that trains under DDP and under FSDP on this ladder"
+    ladder += f" (default: {' '.join(LADDER)}; tiny: {' '.join(TINY_LADDER)})"
     parser.add_argument(
-        "--largest",
-        nargs="*",
-        type=parse_shape,
-        metavar="LAYERSxWIDTH",
-        help="find the largest GPT that trains under DDP and under FSDP on this ladder"
-        f" (default: {' '.join(LADDER)}; tiny: {' '.join(TINY_LADDER)})",
+        "--largest", nargs="*", type=parse_shape, metavar="LAYERSxWIDTH", help=ladder
     )
     parser.add_argument("--probe-steps", type=int, default=3, help="steps per rung (3)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per run (240)")
     parser.add_argument("--probe-timeout", type=float, default=240, help="seconds per rung (240)")
-    parser.add_argument(
-        "--json", help="the results, after each run; added to if it exists (default: in --work)"
-    )
+    parser.add_argument("--json", help="the results, after each run; added to if it exists")
     parser.add_argument("--work", help="the runs' logs and outputs (default: a new temp folder)")
-    parser.add_argument(
-        "--readme", nargs="?", const=str(README), help="write the tables into this README"
-    )
-    parser.add_argument(
-        "--report",
-        nargs="+",
-        metavar="JSON",
-        help="measure nothing: the tables of these --json files (a later one's parts replace"
-        " an earlier one's)",
-    )
+    parser.add_argument("--readme", nargs="?", const=str(README), help="write the tables here")
+    reports = "measure nothing: the tables of these --json files, a later one's parts replacing"
+    parser.add_argument("--report", nargs="+", metavar="JSON", help=reports + " an earlier one's")
     parser.add_argument("--plain-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--overrides", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
         plain_processes(args.plain_child, args.overrides, args.warmup, args.steps)
         return
-    if args.readme:  # before minutes are spent measuring
-        harness.Page(Path(args.readme), *MARKERS).check("gpt_scaling")
+    page = harness.Page(Path(args.readme), *MARKERS) if args.readme else None
+    if page:  # before minutes are spent measuring
+        page.check("gpt_scaling")
     if args.report:
-        saved: dict[str, Any] = {}
-        for name in args.report:
-            later = json.loads(Path(name).read_text())
-            runs = [r["run"] for r in later["records"] if "run" in r]
-            largest = any("largest" in r for r in later["records"])
-            saved = combined(saved, later["about"], runs, largest)
-            saved["records"] += later["records"]
-        finish(report(saved["about"], saved["records"]), args.readme)
-        return
-    for name, value in (("--warmup", args.warmup), ("--steps", args.steps)):
-        if value is not None and value < 1:
-            parser.error(f"{name} {value}: give at least 1 (the warm-up compiles), e.g. {name} 20")
+        saved = saved_results(args.report)
+        table = report(saved["about"], saved["records"])
+    else:
+        for name, value in (("--warmup", args.warmup), ("--steps", args.steps)):
+            if value is not None and value < 1:
+                parser.error(
+                    f"{name} {value}: give at least 1 (the warm-up compiles), e.g. {name} 20"
+                )
+        table = measured(args)
+    print(f"\n{table}", flush=True)
+    if page:
+        page.write(table)
+
+
+def measured(args: argparse.Namespace) -> str:
+    """The throughput runs asked for, then the climbs; the report of all the results."""
     plan = make_plan(args)
     ladder = args.largest or [parse_shape(s) for s in (TINY_LADDER if args.tiny else LADDER)]
     plan.work.mkdir(parents=True, exist_ok=True)
     json_path = Path(args.json) if args.json else plan.work / "gpt_scaling.json"
-    about = about_this(plan, ladder, args)
-    results = Results(json_path, about, args.runs, args.largest is not None)
+    results = Results(
+        json_path, about_this(plan, ladder, args), args.runs, args.largest is not None
+    )
     results.say(
-        f"{plan.gpus} x {about['machine']['device']}, experiment={plan.experiment},"
+        f"{plan.gpus} x {plan.device}, experiment={plan.experiment},"
         f" {plan.batch_per_gpu} x {plan.block_size} tokens per GPU, {plan.warmup} + {plan.steps}"
         f" steps; logs in {plan.work}, results in {json_path}"
     )
@@ -695,7 +630,7 @@ def main() -> None:
     if args.largest is not None:
         failed = climb("ddp", ladder, plan, results)
         climb("fsdp", ladder[failed:] if failed is not None else ladder[-1:], plan, results)
-    finish(report(results.about, results.records), args.readme)
+    return report(results.about, results.records)
 
 
 if __name__ == "__main__":

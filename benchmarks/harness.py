@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 RESULT = "benchmark result: "  # the line a side's process hands its numbers over on
+PROJECT = Path(__file__).resolve().parents[1]  # the repository root, where volt's sides run from
 
 
 # ------------------------------------------------------------------- a side in a fresh process
@@ -121,6 +123,23 @@ def result_line(result: dict[str, Any]) -> str:
     return RESULT + json.dumps(result)
 
 
+class LogTail:
+    """A `run_fresh` watch: each call hands `show` every whole line the log gained since the last
+    (a line still being written waits for the next call)."""
+
+    def __init__(self, log: Path, show: Callable[[str], None]) -> None:
+        self.log, self.show, self.offset = log, show, 0
+
+    def __call__(self) -> None:
+        with self.log.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        whole = data[: data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        for line in whole.decode(errors="replace").splitlines():
+            self.show(line)
+
+
 # --------------------------------------------------------------------------- timing and stats
 
 
@@ -160,6 +179,69 @@ def spread(values: Sequence[float]) -> float:
     """(max - min) / median: how far apart the windows were."""
     middle = statistics.median(values)
     return (max(values) - min(values)) / middle if middle else 0.0
+
+
+# ------------------------------------------- in a side's process (torch and volt imported on call)
+
+
+def compose(overrides: Sequence[str]) -> Any:
+    """volt's config (`conf/train.yaml`) with `overrides`, as `python train.py` composes it."""
+    import hydra
+
+    from volt.config import CONF_DIR
+
+    with hydra.initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return hydra.compose("train", overrides=list(overrides))
+
+
+def synchronize(device: Any) -> None:
+    """Wait for the work queued on `device` (a torch.device): only a GPU runs behind the CPU."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+
+def trainer_stand_in(device: Any, world: int = 1, rank: int = 0) -> Any:
+    """What volt's data modules ask of a trainer, for a plain loop that has none (set its
+    `current_epoch` each epoch: volt's batches reshuffle by it)."""
+    strategy = SimpleNamespace(root_device=device)
+    return SimpleNamespace(
+        world_size=world, global_rank=rank, strategy=strategy, overfit_batches=0, current_epoch=0
+    )
+
+
+def plain_step(
+    net: Any, optimizer: Any, device: Any, precision: str, smoothing: float, clip: float | None
+) -> Callable[[Any, Any], None]:
+    """A hand-written loop's training step on a batch (x, y), as Lightning runs one: autocast for
+    `precision`, cross-entropy, a gradient scaler under float16, clipping at `clip` (None: none)."""
+    import torch
+    from torch.nn import functional as F
+
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # else a no-op
+
+    def step(x: Any, y: Any) -> None:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            logits = net(x)  # (B, classes) or (B, T, vocabulary)
+            loss = F.cross_entropy(logits.flatten(0, -2), y.flatten(), label_smoothing=smoothing)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+        scaler.step(optimizer)
+        scaler.update()
+
+    return step
 
 
 # ------------------------------------------------------------------------------------- results

@@ -4,24 +4,18 @@
     python benchmarks/startup.py --accelerator gpu --repeats 7 --json startup.json
     python benchmarks/startup.py --epochs 1 -- callbacks.progress_bar=null   # volt overrides
 
-Every run is a fresh process, started as a user starts it: (a) `python train.py` and (b)
-`BARE_SCRIPT` below, the same job written with Lightning alone (volt's digits data module, MLP and
-classifier, AdamW with the cosine schedule, seed 42, TensorBoard, a checkpoint callback keeping the
-best and the last, a test of the best at the end). Each is also timed importing only what its
-script imports (its top-level import statements, in a fresh process): what is left is the run.
-
-volt runs without its early stopping (`callbacks.early_stopping=null`): on the default job it
-stops after a number of epochs that changes from run to run with thread timing, so both sides run
-exactly `--epochs`, which is checked after the runs. One untimed round of 1-epoch runs comes
-first (`--warmup`), so that neither side pays for reading torch and the CUDA libraries from disk;
-then the two sides take turns going first, so that load drifting on a shared machine favours
-neither. CPU time (user + system, the process and its children) is reported beside wall time: on
-a machine others are using, it moves much less. Medians, and the spread as min..max.
+Every run is a fresh process, started as a user starts it: `python train.py`, and `BARE_SCRIPT`
+below, the same job with Lightning alone. Each is also timed importing only what its script
+imports at the top: what is left is the run. volt runs without early stopping (where it stops
+varies with thread timing), so both sides run exactly `--epochs`, checked after the runs. An
+untimed round of 1-epoch runs comes first (`--warmup`: neither side pays for reading torch from
+disk), then the sides take turns going first, so that drifting load favours neither. CPU time
+(user + system, with children) moves much less than wall time on a shared machine. Medians, and
+the spread as min..max.
 """
 
 import argparse
 import ast
-import json
 import re
 import sys
 import tempfile
@@ -76,6 +70,13 @@ print(f"epochs run: {trainer.current_epoch}")
 
 # What `python train.py` runs on each kind of machine: accelerator=auto is its default.
 VOLT_TRAINER = {"auto": [], "cpu": ["trainer=cpu"], "gpu": ["trainer=gpu"]}
+SIDES = ("volt", "bare")
+KEYS = {  # the report's rows: label, key
+    "wall": "wall_s",
+    "  imports": "imports_s",
+    "  after imports": "after_imports_s",
+    "CPU time": "cpu_s",
+}
 
 
 def import_statements(source: str) -> str:
@@ -85,137 +86,98 @@ def import_statements(source: str) -> str:
     return "\n".join(ast.unparse(node) for node in imports)
 
 
-def timed(command: list[str], log: Path) -> harness.Finished:
-    """Run `command` in the project to its end: its wall time, and the CPU time it and its
-    children used. A failure raises, naming its log."""
-    return harness.run_fresh(command, log, cwd=PROJECT).check(command)
-
-
-def volt_epochs_run(run_dir: Path) -> int:
-    """Epochs trained, from the last.ckpt volt rewrites after every epoch."""
-    import torch  # only now: the parent's imports would otherwise sit in memory through the runs
-
-    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    return int(last["epoch"]) + 1
-
-
-def bare_epochs_run(run: harness.Finished) -> int:
-    # The bare script's last.ckpt is rewritten only with a new best: it prints the count instead.
-    return int(re.findall(r"^epochs run: (\d+)$", run.text(), re.MULTILINE)[-1])
-
-
-def volt_command(args: argparse.Namespace, out_dir: Path, epochs: int) -> list[str]:
-    return [
-        sys.executable,
-        str(PROJECT / "train.py"),
-        f"paths.outputs_dir={out_dir}",
-        *volt_overrides(args, epochs),
-    ]
-
-
 def volt_overrides(args: argparse.Namespace, epochs: int) -> list[str]:
+    trainer = VOLT_TRAINER[args.accelerator]
     return [
         f"trainer.max_epochs={epochs}",
         "callbacks.early_stopping=null",
-        *VOLT_TRAINER[args.accelerator],
+        *trainer,
         *args.overrides,
     ]
 
 
-def bare_command(args: argparse.Namespace, script: Path, out_dir: Path, epochs: int) -> list[str]:
-    return [sys.executable, str(script), str(out_dir), str(epochs), args.accelerator]
+def commands(args: argparse.Namespace, work: Path, name: str, epochs: int) -> dict[str, list[str]]:
+    """Each side's job, run into `work`/`name` (its `{side}` filled in)."""
+    out = {side: work / name.format(side=side) for side in SIDES}
+    train = [sys.executable, str(PROJECT / "train.py"), f"paths.outputs_dir={out['volt']}"]
+    bare = [sys.executable, str(work / "bare_job.py"), str(out["bare"]), str(epochs)]
+    return {"volt": train + volt_overrides(args, epochs), "bare": [*bare, args.accelerator]}
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    bare_script = work / "bare_job.py"
-    bare_script.write_text(BARE_SCRIPT)
+    (work / "bare_job.py").write_text(BARE_SCRIPT)
     imports = {
         "volt": [sys.executable, "-c", import_statements((PROJECT / "train.py").read_text())],
         "bare": [sys.executable, "-c", import_statements(BARE_SCRIPT)],
     }
-    logs = work / "logs"
+
+    def timed(command: list[str], log: str) -> harness.Finished:
+        return harness.run_fresh(command, work / "logs" / log, cwd=PROJECT).check(command)
+
     for n in range(args.warmup):
         # Untimed, one epoch: the first process to load torch, the CUDA libraries and the data
         # reads them from disk, and whichever side came first would pay for both.
-        timed(volt_command(args, work / f"warmup-volt-{n}", 1), logs / f"warmup-volt-{n}.log")
-        timed(
-            bare_command(args, bare_script, work / f"warmup-bare-{n}", 1),
-            logs / f"warmup-bare-{n}.log",
-        )
-    samples: dict[str, dict[str, list[harness.Finished]]] = {
-        side: {"run": [], "imports": []} for side in ("volt", "bare")
-    }
+        for side, command in commands(args, work, f"warmup-{{side}}-{n}", 1).items():
+            timed(command, f"warmup-{side}-{n}.log")
+    runs: dict[str, list[harness.Finished]] = {side: [] for side in SIDES}
+    imported: dict[str, list[harness.Finished]] = {side: [] for side in SIDES}
     for repeat in range(args.repeats):
-        runs = {
-            "volt": volt_command(args, work / f"volt-{repeat}", args.epochs),
-            "bare": bare_command(args, bare_script, work / f"bare-{repeat}", args.epochs),
-        }
-        for side in ["volt", "bare"] if repeat % 2 == 0 else ["bare", "volt"]:
-            samples[side]["run"].append(timed(runs[side], logs / f"{side}-{repeat}.log"))
-            imports_log = logs / f"{side}-{repeat}-imports.log"
-            samples[side]["imports"].append(timed(imports[side], imports_log))
-        print(
-            f"repeat {repeat + 1}/{args.repeats}: "
-            + ", ".join(f"{s} {samples[s]['run'][-1].wall_s:.2f} s" for s in ("volt", "bare")),
-            file=sys.stderr,
-        )
-    check_same_epochs(work, samples["bare"]["run"], args.epochs)
+        jobs = commands(args, work, f"{{side}}-{repeat}", args.epochs)
+        for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
+            runs[side].append(timed(jobs[side], f"{side}-{repeat}.log"))
+            imported[side].append(timed(imports[side], f"{side}-{repeat}-imports.log"))
+        times = ", ".join(f"{side} {runs[side][-1].wall_s:.2f} s" for side in SIDES)
+        print(f"repeat {repeat + 1}/{args.repeats}: {times}", file=sys.stderr)
+    check_same_epochs(work, runs["bare"], args.epochs)
     result: dict[str, Any] = {
         "accelerator": args.accelerator,
         "epochs": args.epochs,
         "repeats": args.repeats,
         "volt_command": ["python", "train.py", *volt_overrides(args, args.epochs)],
     }
-    for side, by_kind in samples.items():
-        wall = [s.wall_s for s in by_kind["run"]]
-        imported = [s.wall_s for s in by_kind["imports"]]
+    for side in SIDES:
+        wall, imports_s = [r.wall_s for r in runs[side]], [r.wall_s for r in imported[side]]
         result[side] = {
             "wall_s": harness.summary(wall),
-            "imports_s": harness.summary(imported),
+            "imports_s": harness.summary(imports_s),
             "after_imports_s": harness.summary(
-                [w - i for w, i in zip(wall, imported, strict=True)]
+                [w - i for w, i in zip(wall, imports_s, strict=True)]
             ),
-            "cpu_s": harness.summary([s.cpu_s for s in by_kind["run"]]),
+            "cpu_s": harness.summary([r.cpu_s for r in runs[side]]),
         }
     result["volt_minus_bare_s"] = {
-        key: result["volt"][key]["median"] - result["bare"][key]["median"]
-        for key in ("wall_s", "imports_s", "after_imports_s", "cpu_s")
+        key: result["volt"][key]["median"] - result["bare"][key]["median"] for key in KEYS.values()
     }
     return result
 
 
 def check_same_epochs(work: Path, bare_runs: list[harness.Finished], epochs: int) -> None:
-    counts = {
-        "volt": [volt_epochs_run(d) for d in sorted(work.glob("volt-*/train/runs/*"))],
-        "bare": [bare_epochs_run(run) for run in bare_runs],
-    }
-    if {*counts["volt"], *counts["bare"]} != {epochs}:
+    import torch  # only now: the parent's imports would otherwise sit in memory through the runs
+
+    # volt rewrites last.ckpt after every epoch; the bare script's only with a new best, so it
+    # prints its count instead.
+    lasts = [run / "checkpoints" / "last.ckpt" for run in sorted(work.glob("volt-*/train/runs/*"))]
+    volt = [  # Lightning counts epochs from 0
+        int(torch.load(last, map_location="cpu", weights_only=True)["epoch"]) + 1 for last in lasts
+    ]
+    bare = [int(re.findall(r"^epochs run: (\d+)$", r.text(), re.M)[-1]) for r in bare_runs]
+    if {*volt, *bare} != {epochs}:
         raise RuntimeError(
-            f"epochs run: volt {counts['volt']}, bare {counts['bare']}, not {epochs} each: the"
-            " two sides did not run the same job; drop the override that changes the epochs"
+            f"epochs run: volt {volt}, bare {bare}, not {epochs} each: the two sides did not run"
+            " the same job; drop the override that changes the epochs"
         )
 
 
 def report(result: dict[str, Any]) -> str:
-    rows = [
-        ("wall", "wall_s"),
-        ("  imports", "imports_s"),
-        ("  after imports", "after_imports_s"),
-        ("CPU time", "cpu_s"),
-    ]
     lines = [
         f"{result['epochs']} epochs, accelerator={result['accelerator']}, "
         f"median of {result['repeats']} (min..max), seconds",
         f"{'':16} {'volt':>22} {'bare Lightning':>22} {'volt - bare':>12}",
     ]
-    for label, key in rows:
-        cells = []
-        for side in ("volt", "bare"):
-            s = result[side][key]
-            cells.append(f"{s['median']:7.2f} ({s['min']:.2f}..{s['max']:.2f})")
-        lines.append(
-            f"{label:16} {cells[0]:>22} {cells[1]:>22} {result['volt_minus_bare_s'][key]:+12.2f}"
-        )
+    for label, key in KEYS.items():
+        cells = [result[side][key] for side in SIDES]
+        volt, bare = (f"{s['median']:7.2f} ({s['min']:.2f}..{s['max']:.2f})" for s in cells)
+        lines.append(f"{label:16} {volt:>22} {bare:>22} {result['volt_minus_bare_s'][key]:+12.2f}")
     return "\n".join(lines)
 
 
@@ -229,18 +191,15 @@ def main() -> None:
         "--warmup", type=int, default=1, help="untimed 1-epoch runs of each side before (0: none)"
     )
     parser.add_argument(
-        "--accelerator",
-        choices=sorted(VOLT_TRAINER),
-        default="auto",
+        "--accelerator", choices=sorted(VOLT_TRAINER), default="auto",
         help="auto: as a plain `python train.py`; gpu: volt's trainer=gpu, Lightning's 'gpu'",
-    )
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the result, every sample, here")
     parser.add_argument(
-        "--dir",
-        type=Path,
+        "--dir", type=Path,
         help="keep the runs in a new folder in DIR (e.g. on the file system your outputs/ is"
         " on); default: a temporary directory, removed at the end",
-    )
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="more overrides for volt's side only")
     args = parser.parse_args()
     if args.epochs < 1 or args.repeats < 1 or args.warmup < 0:
@@ -248,7 +207,6 @@ def main() -> None:
             f"--epochs {args.epochs} --repeats {args.repeats} --warmup {args.warmup}: epochs and"
             " repeats must be at least 1, warmup at least 0"
         )
-
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
         result = measure(args, Path(tempfile.mkdtemp(prefix="startup-", dir=args.dir)))
@@ -257,7 +215,7 @@ def main() -> None:
             result = measure(args, Path(work))
     print(report(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        harness.save_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from types import ModuleType
 
 import pytest
+import torch
 
 from volt.config import PROJECT_ROOT
+from volt.nets.gpt import GPT
 
 TINY = "--n-layer 1 --n-head 2 --n-embd 32 --block-size 32 --batch-size 8 --lr 3e-3"
 
@@ -29,3 +33,20 @@ def test_runs_on_the_cpu_with_tiny_sizes_and_reports_tokens_per_second() -> None
     assert report["mfu"] is None  # no peak for a CPU
     assert report["loss_last"] < report["loss_first"]  # it trains, on real bytes
     assert "tokens/s" in result.stdout and "MFU n/a" in result.stdout
+
+
+def test_the_loop_times_the_steps_after_the_warm_up(
+    load_benchmark: Callable[[str], ModuleType],
+) -> None:
+    plain = load_benchmark("gpt_plain")
+    torch.manual_seed(0)
+    net = GPT(block_size=16, n_layer=1, n_head=2, n_embd=32)
+    corpus = torch.randint(0, 8, (4096,), dtype=torch.uint8)  # 8 symbols: quick to learn
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in net.parameters()]
+    seconds, losses = plain.train(
+        net, optimizer, corpus, 4, 16, bf16=False, clip=1.0, warmup=2, steps=10
+    )
+    assert seconds > 0 and len(losses) == 12  # a loss for every step, warm-up ones too
+    assert losses[-1] < losses[0]
+    assert all(not torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))

@@ -37,13 +37,9 @@ def test_shapes_are_layers_by_width_in_heads_of_128(scaling: ModuleType) -> None
         scaling.parse_shape("40x3100")
 
 
-def test_the_table_replaces_what_stood_between_the_markers(scaling: ModuleType) -> None:
-    once = scaling.with_table(OLD_README, "| new |")
-    assert once == OLD_README.replace("\nold\n", "\n| new |\n")
-    assert scaling.with_table(once, "| newer |") == OLD_README.replace("\nold\n", "\n| newer |\n")
-    for text in ("# no markers\n", OLD_README.replace("<!-- perf-gpt-multi:end -->", "")):
-        with pytest.raises(ValueError, match=r"perf-gpt-multi:begin -->.*: add them"):
-            scaling.with_table(text, "| new |")
+def with_table(table: str) -> str:
+    """OLD_README with `table` in place of what stood between its markers."""
+    return OLD_README.replace("\nold\n", f"\n{table}\n")
 
 
 def test_refused_readme_stops_before_anything_runs(tmp_path: Path) -> None:
@@ -150,7 +146,7 @@ def test_saved_results_go_into_the_readme_without_measuring(
     argv = ["gpt_scaling.py", "--report", *files, "--readme", str(readme)]
     monkeypatch.setattr(sys, "argv", argv)
     scaling.main()
-    assert readme.read_text() == scaling.with_table(OLD_README, scaling.report(ABOUT, RECORDS))
+    assert readme.read_text() == with_table(scaling.report(ABOUT, RECORDS))
 
 
 def test_a_rung_whose_optimiser_state_outgrows_a_gpu_is_not_run(
@@ -236,7 +232,7 @@ def test_tiny_run_measures_every_side_and_writes_the_readme_tables(
     assert all(r["params"] > 0 and r["wall_s"] > 0 for r in probes)
 
     table = scaling.report(saved["about"], saved["records"])
-    assert readme.read_text() == scaling.with_table(OLD_README, table)
+    assert readme.read_text() == with_table(table)
     assert table in done.stdout
     assert table.startswith("Measured ") and "on the CPU (2 processes)" in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]

@@ -121,3 +121,42 @@ def test_a_page_gets_its_table_between_its_markers(harness: ModuleType, tmp_path
     page.path.write_text("<!-- t:end -->\n<!-- t:begin -->\n")  # the wrong way round
     with pytest.raises(SystemExit, match=r"^bench: .*page\.md: no <!-- t:begin --> \.\.\. "):
         page.check("bench")
+
+
+def test_a_log_is_followed_line_by_line_while_its_side_runs(
+    harness: ModuleType, tmp_path: Path
+) -> None:
+    code = "import sys, time; print('one', flush=True); print('t', end='', flush=True)"
+    code += "; time.sleep(1.5); print('wo\\n\\nthree', flush=True); time.sleep(1)"
+    log, seen = tmp_path / "e.log", list[str]()
+    tail = harness.LogTail(log, seen.append)
+    harness.run_fresh(python(code), log, 30, cwd=tmp_path, watch=tail)
+    assert seen == ["one", "two", "", "three"]  # shown while it ran; "t" waited for its end
+    tail()
+    assert len(seen) == 4
+    assert (harness.PROJECT / "benchmarks" / "harness.py").is_file()
+
+
+def test_a_plain_step_trains_volts_net_on_its_own_batches(harness: ModuleType) -> None:
+    import torch
+
+    from volt.build import build_datamodule, build_model
+
+    cfg = harness.compose(["model.net.hidden_sizes=[8]", "data.num_workers=0"])
+    assert cfg.trainer.max_epochs == 20 and cfg.model.net.hidden_sizes == [8]
+    device = torch.device("cpu")
+    harness.synchronize(device)  # nothing to wait for on the CPU
+    assert harness.device_name() == "CPU" or torch.cuda.is_available()
+    datamodule = build_datamodule(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    datamodule.trainer = harness.trainer_stand_in(device)  # as volt's batches ask of a trainer
+    x, y = next(iter(datamodule.train_dataloader()))
+    model = build_model(cfg.model, datamodule, cfg.task.from_data)
+    optimizer = torch.optim.SGD(model.net.parameters(), lr=0.1)
+    step = harness.plain_step(model.net, optimizer, device, "bf16-mixed", 0.1, clip=1e-3)
+    before = [p.detach().clone() for p in model.net.parameters()]
+    step(x, y)
+    after = list(model.net.parameters())
+    moved = [(p - b).abs().max().item() for p, b in zip(after, before, strict=True)]
+    assert 0 < max(moved) <= 0.1 * 1e-3 + 1e-6  # a step of lr x the clipped gradient, at most

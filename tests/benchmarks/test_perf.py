@@ -3,7 +3,9 @@
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -48,6 +50,7 @@ def test_tiny_run_measures_every_side_and_rewrites_the_readme_table(tmp_path: Pa
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 2 + len(rows)  # header, rule, a line per row
     assert table[2].startswith("| digits, batch 64 | 32-true |")
+    assert table[0].endswith("| targets missed |")
 
 
 @pytest.mark.slow
@@ -71,3 +74,23 @@ def test_tiny_gpt_run_reports_tokens_per_second_and_keeps_the_image_table(tmp_pa
     assert "mfu" not in row  # no peak is known for a CPU
     text = readme.read_text()
     assert "images" in text and "old" not in text and "gpt_bytes_tiny, batch 8" in text
+
+
+def test_each_row_is_judged_against_its_mode_and_the_workloads_fastest_mode(
+    load_benchmark: Callable[[str], ModuleType],
+) -> None:
+    perf = load_benchmark("perf")
+
+    def measured(workload: str, synthetic: float, volt: float, lightning: float) -> dict:
+        ms = {"synthetic": synthetic, "volt": volt, "lightning": lightning}
+        share = {side: synthetic / value for side, value in ms.items()}
+        return {"workload": workload, "ms": ms, "share_of_limit": share,
+                "volt_over_lightning": volt / lightning}  # fmt: skip
+
+    eager, graphs = measured("resnet", 10.0, 10.2, 10.1), measured("resnet", 4.0, 5.0, 4.8)
+    digits = measured("digits", 2.0, 2.5, 2.4)
+    perf.with_targets([eager, graphs, digits])
+    assert eager["share_of_workload_limit"] == pytest.approx(4.0 / 10.2)  # the graphs' synthetic
+    assert eager["misses"] == []  # 98% of its own mode's synthetic side
+    assert graphs["misses"] == ["volt < 95% of synthetic"]  # 80%
+    assert digits["misses"] == ["volt < 95% of synthetic", "volt slower than bare Lightning"]
