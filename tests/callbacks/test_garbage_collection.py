@@ -36,13 +36,12 @@ def fit(model: Recorder, callback: GarbageCollection, **trainer_args: object) ->
     data = DataLoader(TensorDataset(torch.randn(80, 4), torch.randn(80, 1)), batch_size=8)
     trainer = pl.Trainer(
         accelerator="cpu",
-        max_epochs=2,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
         callbacks=[callback],
-        **trainer_args,  # type: ignore[arg-type]
+        **({"max_epochs": 2} | trainer_args),  # type: ignore[arg-type]
     )
     trainer.fit(model, data)
 
@@ -64,10 +63,16 @@ def test_training_runs_without_automatic_collection_and_collects_every_n_steps(
     fit(model, GarbageCollection(every_n_steps=4))  # 10 steps an epoch, 20 in all
     assert model.automatic == [False] * 20
     assert gc.isenabled()  # as it was before the fit
-    # All at the start; generations 0-1 at steps 4, 8, 12, 16, 20; all at each epoch's end.
-    young = [c for c in calls if c == (1,)]
-    assert len(young) == 5
-    assert calls.count(()) == 3
+    # All at the start; generations 0-1 at steps 4, 8, 12, 16, 20 (all of them only at 80).
+    assert calls == [(), (1,), (1,), (1,), (1,), (1,)]
+
+
+def test_every_twentieth_collection_takes_all_generations(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = collections(monkeypatch)
+    fit(Recorder(), GarbageCollection(every_n_steps=1), max_epochs=5)  # 50 steps
+    full = [i for i, call in enumerate(calls) if call == ()]
+    assert full == [0, 20, 40]  # at the start, then at steps 20 and 40
+    assert len(calls) == 51
 
 
 def test_with_gradient_accumulation_it_counts_optimizer_steps(
