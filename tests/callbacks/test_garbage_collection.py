@@ -63,16 +63,27 @@ def test_training_runs_without_automatic_collection_and_collects_every_n_steps(
     fit(model, GarbageCollection(every_n_steps=4))  # 10 steps an epoch, 20 in all
     assert model.automatic == [False] * 20
     assert gc.isenabled()  # as it was before the fit
-    # All at the start; generations 0-1 at steps 4, 8, 12, 16, 20 (all of them only at 80).
-    assert calls == [(), (1,), (1,), (1,), (1,), (1,)]
+    # All at the start and at both epochs' ends (steps 10 and 20: 4 or more steps since the
+    # last); generations 0-1 at steps 4, 8, 12, 16, 20.
+    assert calls == [(), (1,), (1,), (), (1,), (1,), (1,), ()]
+
+
+def test_an_epoch_end_collects_all_only_once_the_last_full_collection_is_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = collections(monkeypatch)
+    fit(Recorder(), GarbageCollection(every_n_steps=15), max_epochs=4)  # 10-step epochs
+    # Start; epoch ends at 10 (10 < 15 steps: no), 20 (yes), 30 (no), 40 (yes); young at 15, 30.
+    assert calls == [(), (1,), (), (1,), ()]
 
 
 def test_every_twentieth_collection_takes_all_generations(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = collections(monkeypatch)
     fit(Recorder(), GarbageCollection(every_n_steps=1), max_epochs=5)  # 50 steps
     full = [i for i, call in enumerate(calls) if call == ()]
-    assert full == [0, 20, 40]  # at the start, then at steps 20 and 40
-    assert len(calls) == 51
+    # At the start; at steps 20 and 40 (the 20th and 40th collections); the epochs' ends (every
+    # 10 steps, one step after the last full one at the earliest) add theirs where none just ran.
+    assert calls.count((1,)) == 48 and full == [0, 11, 21, 32, 42, 53]
 
 
 def test_with_gradient_accumulation_it_counts_optimizer_steps(

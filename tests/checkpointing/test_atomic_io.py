@@ -306,3 +306,21 @@ def test_a_name_with_a_newline_is_passed_over_and_logged_on_one_line(
         assert plan_resume(run_dir, "run", None).checkpoint == latest
     assert all("\n" not in record.getMessage() for record in caplog.records)
     assert any("\\nvolt: resuming" in record.getMessage() for record in caplog.records)
+
+
+def test_a_key_inside_a_damaged_checkpoint_forges_no_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reason a checkpoint is passed over quotes what is inside it (here an expanded view's
+    key); logged, it stays on one line."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    forged = "w\n[volt.runs.resume][INFO] - resuming run other from elsewhere.ckpt"
+    torch.save(
+        {"state_dict": {forged: torch.zeros(()).expand(64, 64)}},
+        run_dir / "checkpoints" / "last.ckpt",
+    )
+    with caplog.at_level("INFO"):
+        assert plan_resume(run_dir, "run", None).checkpoint is None
+    (warning,) = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert "\n" not in warning and "expanded view" in warning

@@ -81,6 +81,18 @@ def test_a_run_gone_from_the_store_starts_a_new_one(tmp_path: Path) -> None:
     assert (run_dir / "mlflow_run_id.txt").read_text().split()[0] == logger.run_id
 
 
+def test_an_id_file_from_before_the_stamp_still_continues_its_own_mlflow_run(
+    tmp_path: Path,
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = a_run_dir(tmp_path, [])
+    first = local_logger(run_dir, uri)
+    first.log_metrics({"train/loss": 2.0}, step=1)
+    first.finalize("success")
+    (run_dir / "mlflow_run_id.txt").write_text(f"{first.run_id}\n")  # as volt wrote it before
+    assert local_logger(run_dir, uri).run_id == first.run_id
+
+
 def test_a_handed_over_run_directory_never_logs_into_another_directorys_mlflow_run(
     tmp_path: Path,
 ) -> None:
@@ -93,7 +105,8 @@ def test_a_handed_over_run_directory_never_logs_into_another_directorys_mlflow_r
     theirs.finalize("success")
     run_dir = a_run_dir(tmp_path / "mine", [])
     copied = tmp_path / "colleague" / "outputs" / "train" / "runs" / "r1" / "mlflow_run_id.txt"
-    for id_file in (copied.read_text(), f"{theirs.run_id}\ndirectory: {run_dir.resolve()}\n"):
+    forged = f"{theirs.run_id}\ndirectory: {run_dir.resolve()}\n"
+    for id_file in (copied.read_text(), forged, f"{theirs.run_id}\n"):
         (run_dir / "mlflow_run_id.txt").write_text(id_file)
         mine = local_logger(run_dir, uri)
         mine.log_metrics({"train/loss": 9.0}, step=2)

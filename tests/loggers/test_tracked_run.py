@@ -56,3 +56,27 @@ def test_a_moved_run_directory_starts_a_new_tracked_run(tmp_path: Path) -> None:
     assert tracked_run(str(tmp_path / "a"), "x").stored_id("wandb") == "k3x9a2b1"
     shutil.move(tmp_path / "a", tmp_path / "b")
     assert tracked_run(str(tmp_path / "b"), "x").stored_id("wandb") is None
+
+
+def test_an_id_file_that_is_a_link_is_neither_read_nor_written_through(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    precious = tmp_path / "train.py"
+    precious.write_text("print('mine')\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "wandb_run_id.txt").symlink_to(precious)
+    run = tracked_run(str(run_dir), "x")
+    assert run.stored_id("wandb") is None
+    assert "was not written for this run directory" in caplog.text
+    run.store_id("wandb", "k3x9a2b1")
+    assert precious.read_text() == "print('mine')\n"
+    assert not (run_dir / "wandb_run_id.txt").is_symlink()
+    assert run.stored_id("wandb") == "k3x9a2b1"
+
+
+def test_an_id_alone_counts_only_where_the_tracker_checks_the_run_itself(tmp_path: Path) -> None:
+    (tmp_path / "mlflow_run_id.txt").write_text("0123456789abcdef0123456789abcdef\n")  # before
+    run = tracked_run(str(tmp_path), "x")
+    assert run.stored_id("mlflow") is None
+    assert run.stored_id("mlflow", unstamped_ok=True) == "0123456789abcdef0123456789abcdef"

@@ -17,18 +17,21 @@ import gc
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-# Every 20th collection takes all generations, so that cycles which outlived two young
-# collections are freed too, at the same steps on every rank. A full collection walks every
-# object created since start-up (`volt.config.composition` freezes what the imports made): about
-# 19 ms each on the 2-core CPU in the default digits run, where one per epoch end (its former
-# moment) cost 0.27 s of its 5 s (2026-11-26). Every 1,000 steps at the default interval.
+# Every 20th collection takes all generations (every 1,000 steps at the default interval), so
+# that cycles which outlived two young collections are freed too, at the same steps on every
+# rank; so does an epoch's end once the last full collection is `every_n_steps` steps old
+# (objects of an epoch, a data loader's iterator say, go at its end). A full collection walks
+# every object made since start-up (`volt.config.composition` freezes what the imports made):
+# about 12-19 ms in the default digits run on the 2-core CPU, where one at every epoch's end (19
+# steps) cost 0.27 s of its 5 s (2026-11-26).
 FULL_EVERY = 20
 
 
 class GarbageCollection(Callback):
     """Automatic garbage collection off during the fit; generations 0 and 1 collected every
     `every_n_steps` optimizer steps (at global steps that are multiples of it, so at the same
-    step on every rank), all of them once as training starts and every FULL_EVERY-th time.
+    step on every rank); all of them once as training starts, every FULL_EVERY-th time, and at
+    an epoch's end when the last such collection is at least `every_n_steps` steps old.
 
     Args:
         every_n_steps: optimizer steps between collections; null: leave Python's automatic
@@ -44,6 +47,7 @@ class GarbageCollection(Callback):
         self.every_n_steps = every_n_steps
         self._was_enabled: bool | None = None
         self._last_step = -1
+        self._last_full_step = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_n_steps is None:
@@ -51,7 +55,7 @@ class GarbageCollection(Callback):
         self._was_enabled = gc.isenabled()
         gc.disable()
         gc.collect()
-        self._last_step = trainer.global_step
+        self._last_step = self._last_full_step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object
@@ -63,8 +67,18 @@ class GarbageCollection(Callback):
         interval: int = self.every_n_steps  # type: ignore[assignment]  # not None once started
         if step % (interval * FULL_EVERY) == 0:
             gc.collect()
+            self._last_full_step = step
         elif step % interval == 0:
             gc.collect(1)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._was_enabled is None:
+            return
+        step = trainer.global_step  # the same on every rank: they agree on collecting here
+        interval: int = self.every_n_steps  # type: ignore[assignment]  # not None once started
+        if step - self._last_full_step >= interval:
+            gc.collect()
+            self._last_full_step = step
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore()

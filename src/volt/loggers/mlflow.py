@@ -88,7 +88,7 @@ class MLflowRunLogger(MLFlowLogger):
                 tracking_uri=tracking_uri,
                 tags={**override_tags(run.overrides), RUN_DIR_TAG: str(run.directory)},
                 artifact_location=artifact_location,
-                run_id=run.stored_id(TRACKER),
+                run_id=run.stored_id(TRACKER, unstamped_ok=True),  # checked: _run_is_ours
                 **kwargs,
             )
         self._tracked = run
@@ -130,7 +130,8 @@ class MLflowRunLogger(MLFlowLogger):
             if error.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
             return False
-        started_here = run.data.tags.get(RUN_DIR_TAG) == str(self._tracked.directory)
+        tag = run.data.tags.get(RUN_DIR_TAG)
+        started_here = tag is not None and Path(tag).resolve() == self._tracked.directory.resolve()
         return run.info.lifecycle_stage != "deleted" and started_here
 
     def _experiment_by_name(self) -> str:

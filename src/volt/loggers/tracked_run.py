@@ -7,6 +7,7 @@ The id file names the directory it was written for: a run directory handed over 
 (or an id written by hand) would otherwise make a resume log into someone else's tracked run."""
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import yaml
 
 log = logging.getLogger(__name__)
 TRACKER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # MLflow's 32 hex digits, W&B's 8 characters
+ID_FILE_LIMIT = 4096  # bytes read of an id file: an id and a path
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,20 @@ class TrackedRun:
     def _stamp(self) -> str:
         return f"directory: {self.directory.resolve()}"
 
-    def stored_id(self, tracker: str) -> str | None:
+    def stored_id(self, tracker: str, unstamped_ok: bool = False) -> str | None:
         """The id `tracker` gave this run in an earlier attempt here; None if there is none, or
-        if the file was not written for this directory (then the tracker starts a new run)."""
+        if the file was not written for this directory (then the tracker starts a new run).
+        `unstamped_ok`: also an id alone, as volt wrote it before 2026-11-26, for a tracker that
+        checks on its server that the run it names was started from this directory (MLflow)."""
         path = self._id_file(tracker)
-        if not path.is_file():
+        if not path.is_symlink() and not path.is_file():
             return None
-        lines = path.read_text(errors="replace").splitlines()
-        if len(lines) == 2 and TRACKER_ID.fullmatch(lines[0]) and lines[1] == self._stamp():
-            return lines[0]
+        if not path.is_symlink():  # a link is never followed: a handed-over one points anywhere
+            with path.open("rb") as file:
+                lines = file.read(ID_FILE_LIMIT).decode(errors="replace").splitlines()
+            stamped = lines[1:] == [self._stamp()] or (unstamped_ok and len(lines) == 1)
+            if lines and TRACKER_ID.fullmatch(lines[0]) and stamped:
+                return lines[0]
         log.warning(
             "%s was not written for this run directory (moved, handed over or edited): "
             "starting a new %s run instead of continuing the one it names",
@@ -53,7 +60,14 @@ class TrackedRun:
         return None
 
     def store_id(self, tracker: str, run_id: str) -> None:
-        self._id_file(tracker).write_text(f"{run_id}\n{self._stamp()}\n")
+        """Written beside and renamed over the id file: a link in its place (a handed-over run
+        directory's) is replaced, never written through."""
+        path = self._id_file(tracker)
+        staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        staged.unlink(missing_ok=True)
+        with staged.open("x") as file:  # "x": fails on anything already there, a link included
+            file.write(f"{run_id}\n{self._stamp()}\n")
+        os.replace(staged, path)
 
 
 def tracked_run(run_dir: str, sweep_dir: str) -> TrackedRun:

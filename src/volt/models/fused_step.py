@@ -13,10 +13,13 @@ from collections.abc import Callable
 
 import lightning.pytorch as pl
 import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 OptimizerFactory = Callable[..., Optimizer]
 FUSED_ON_CUDA = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
+SPARSE = (nn.Embedding, nn.EmbeddingBag)  # layers whose `sparse=True` makes sparse gradients
 
 
 def _built(factory: OptimizerFactory) -> Callable[..., Optimizer]:
@@ -36,6 +39,12 @@ def check_fused_choice(factory: OptimizerFactory, fused_optimizer: bool | None) 
             f"model.optimizer.fused={value} would be overridden: the model chooses it from "
             f"model.fused_optimizer; set model.fused_optimizer={value} and remove "
             "model.optimizer.fused"
+        )
+    foreach = isinstance(factory, functools.partial) and factory.keywords.get("foreach")
+    if fused_optimizer and foreach:
+        raise ValueError(
+            "model.fused_optimizer=true and model.optimizer.foreach=true: torch takes one of"
+            " the two; drop model.optimizer.foreach (a fused step is one kernel already)"
         )
     if fused_optimizer and not takes_fused(factory):
         raise ValueError(
@@ -59,4 +68,16 @@ def fused_options(
     scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer else None
     clips = trainer is not None and bool(trainer.gradient_clip_val)
     on_cuda = module.device.type == "cuda" and _built(factory) in FUSED_ON_CUDA
-    return {"fused": on_cuda and not (scaler and clips)}
+    return {"fused": on_cuda and not (scaler and clips) and not _unfusable(module, factory)}
+
+
+def _unfusable(module: nn.Module, factory: OptimizerFactory) -> bool:
+    """Where torch's fused step fails (torch 2.11-2.14): with `foreach=True` asked, with sparse
+    gradients (a sparse nn.Embedding), and SGD's over FSDP2's DTensor parameters (its fused
+    kernel has no sharding rule: NotImplementedError at the first step; AdamW's has one)."""
+    if isinstance(factory, functools.partial) and factory.keywords.get("foreach"):
+        return True
+    if any(getattr(m, "sparse", False) for m in module.modules() if isinstance(m, SPARSE)):
+        return True
+    sharded = any(isinstance(p, DTensor) for p in module.parameters())
+    return sharded and _built(factory) is torch.optim.SGD

@@ -103,11 +103,15 @@ def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumeP
         if record.get("status") == "completed":
             return ResumePlan(None, record.get("metrics", {}))
     for path, reason in damaged:
-        # A handed-over run's file name may hold a newline, which would forge a log line.
-        shown = str(path) if str(path).isprintable() else ascii(str(path))
-        log.warning("skipping damaged checkpoint %s: %s", shown, reason)
+        # A handed-over run's file name, or a key inside its checkpoint that the reason quotes,
+        # may hold a newline, which would forge a log line: such text is shown escaped.
+        log.warning("skipping damaged checkpoint %s: %s", _one_line(str(path)), _one_line(reason))
     if checkpoint is not None:
         log.info("resuming run %s from %s", name, checkpoint)
     elif started:
         log.info("run %s has no complete checkpoint yet: starting it from the beginning", name)
     return ResumePlan(checkpoint, None)
+
+
+def _one_line(text: str) -> str:
+    return text if text.isprintable() else ascii(text)
