@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from volt.config import PROJECT_ROOT
 
 # The C locale with Python's coercion to C.UTF-8 and its UTF-8 mode off: stdout and open()
@@ -28,3 +30,16 @@ def test_a_run_in_an_ascii_locale_escapes_what_the_console_cannot_print(tmp_path
     assert "UnicodeEncodeError" not in result.stdout + result.stderr
     (log,) = outputs.glob("train/runs/*/train.log")
     assert "fast_dev_run" in log.read_text(encoding="utf-8")
+
+
+def test_result_names_and_values_from_a_metrics_file_are_text_not_markup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A handed-over run's metrics.json may name anything: shown as written, nothing fails."""
+    from volt.console import print_result
+
+    crafted = {"[red]test/acc[/red]": 0.5, "val/loss\nforged": 1.0, "text": "x"}
+    print_result(crafted, tmp_path)  # type: ignore[arg-type]  # values as a file may hold them
+    out = capsys.readouterr().out
+    assert "[red]test/acc[/red]" in out and "0.5000" in out
+    assert "'val/loss\\nforged'" in out and "'x'" in out

@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from volt.errors import ConfigError
@@ -85,11 +86,15 @@ def describe_setup(trainer: pl.Trainer, compile_mode: str | None) -> str:
 
 @rank_zero_only
 def print_result(metrics: Mapping[str, float], run_dir: Path) -> None:
+    """The final metrics. They may come from a finished run's metrics.json, which a handed-over
+    run directory brings: names and values are shown as text, never read as rich markup."""
     table = Table(title="Result")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, value in sorted(metrics.items()):
-        table.add_row(name, f"{value:.4f}")
+    for name, value in sorted(metrics.items(), key=lambda item: str(item[0])):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        shown = f"{value:.4f}" if number else repr(value)
+        table.add_row(Text(str(name) if str(name).isprintable() else ascii(str(name))), Text(shown))
     console = Console()
     console.print(table)
     console.print(f"Run directory: [bold]{run_dir}[/bold]")
