@@ -187,8 +187,10 @@ def test_a_sweep_reads_in_tensorboard_job_by_job(sweep: tuple[Path, TensorBoard]
 @pytest.mark.slow
 def test_a_run_is_listed_running_from_its_start_then_interrupted(tmp_path: Path) -> None:
     outputs = tmp_path / "outputs"
-    # No epoch limit: a bounded run (1,000 tiny epochs) once finished before TensorBoard listed it.
-    command = train_command(outputs, "name=long", "trainer.max_epochs=-1", *QUICK[1:])
+    # No end but the signal: a bounded run (1,000 tiny epochs, or early stopping) once finished
+    # before TensorBoard listed it.
+    endless = ["trainer.max_epochs=-1", "callbacks.early_stopping=null"]
+    command = train_command(outputs, "name=long", *endless, *QUICK[1:])
     run = subprocess.Popen(
         command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
