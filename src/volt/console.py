@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from volt.errors import ConfigError
+from volt.errors import ConfigError, escaped
 
 log = logging.getLogger("volt")
 FIRST_GROUPS = ("data", "model", "trainer", "compile", "callbacks", "logger")
@@ -94,7 +94,7 @@ def print_result(metrics: Mapping[str, float], run_dir: Path) -> None:
     for name, value in sorted(metrics.items(), key=lambda item: str(item[0])):
         number = isinstance(value, int | float) and not isinstance(value, bool)
         shown = f"{value:.4f}" if number else repr(value)
-        table.add_row(Text(str(name) if str(name).isprintable() else ascii(str(name))), Text(shown))
+        table.add_row(Text(escaped(str(name))), Text(shown))
     console = Console()
     console.print(table)
     console.print(f"Run directory: [bold]{run_dir}[/bold]")

@@ -1,5 +1,6 @@
 """volt's own exceptions: a leaf, so whichever module detects a problem can raise it and
-whichever module reports it can catch it, without importing each other."""
+whichever module reports it can catch it, without importing each other. Also how text read from
+a file (a handed-over run's names and keys) is put into a message."""
 
 import signal
 from pathlib import Path
@@ -52,3 +53,9 @@ class RankFailedError(RuntimeError):
 
 class TrainingOutOfMemoryError(RuntimeError):
     """CUDA ran out of memory during training; str(error) says what to change."""
+
+
+def escaped(text: str) -> str:
+    """`text` as it is, or, where it holds a control character (a newline that would forge a
+    line of train.log, say), its escaped repr."""
+    return text if text.isprintable() else ascii(text)

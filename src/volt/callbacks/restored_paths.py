@@ -24,6 +24,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+from volt.errors import escaped
+
 log = logging.getLogger(__name__)
 
 # ModelCheckpoint's fields that name files (and the keys of `best_k_models`): checked even when
@@ -50,7 +52,7 @@ class RestoredPathsCheck(Callback):
                 log.warning(
                     "not restoring %s from the checkpoint: its state names %r, outside the run's"
                     " checkpoint folder (%s); it starts afresh",
-                    key if key.isprintable() else ascii(key),  # a crafted key forges no log line
+                    escaped(key),  # a crafted key forges no log line
                     outside,
                     where,
                 )

@@ -26,6 +26,11 @@ def _built(factory: OptimizerFactory) -> Callable[..., Optimizer]:
     return factory.func if isinstance(factory, functools.partial) else factory
 
 
+def _asked(factory: OptimizerFactory, keyword: str) -> object:
+    """What the config gave the optimiser for `keyword` (None if nothing)."""
+    return factory.keywords.get(keyword) if isinstance(factory, functools.partial) else None
+
+
 def takes_fused(factory: OptimizerFactory) -> bool:
     """Whether the optimiser the factory builds has torch's `fused` switch."""
     return "fused" in inspect.signature(_built(factory)).parameters
@@ -33,15 +38,13 @@ def takes_fused(factory: OptimizerFactory) -> bool:
 
 def check_fused_choice(factory: OptimizerFactory, fused_optimizer: bool | None) -> None:
     """Refuse, in one line, a `fused` the model would override or an optimiser without one."""
-    if isinstance(factory, functools.partial) and "fused" in factory.keywords:
-        value = factory.keywords["fused"]
+    if (value := _asked(factory, "fused")) is not None:
         raise ValueError(
             f"model.optimizer.fused={value} would be overridden: the model chooses it from "
             f"model.fused_optimizer; set model.fused_optimizer={value} and remove "
             "model.optimizer.fused"
         )
-    foreach = isinstance(factory, functools.partial) and factory.keywords.get("foreach")
-    if fused_optimizer and foreach:
+    if fused_optimizer and _asked(factory, "foreach"):
         raise ValueError(
             "model.fused_optimizer=true and model.optimizer.foreach=true: torch takes one of"
             " the two; drop model.optimizer.foreach (a fused step is one kernel already)"
@@ -75,7 +78,7 @@ def _unfusable(module: nn.Module, factory: OptimizerFactory) -> bool:
     """Where torch's fused step fails (torch 2.11-2.14): with `foreach=True` asked, with sparse
     gradients (a sparse nn.Embedding), and SGD's over FSDP2's DTensor parameters (its fused
     kernel has no sharding rule: NotImplementedError at the first step; AdamW's has one)."""
-    if isinstance(factory, functools.partial) and factory.keywords.get("foreach"):
+    if _asked(factory, "foreach"):
         return True
     if any(getattr(m, "sparse", False) for m in module.modules() if isinstance(m, SPARSE)):
         return True

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from volt.checkpointing import find_latest_valid_checkpoint
-from volt.errors import ConfigError
+from volt.errors import ConfigError, escaped
 from volt.runs.records import METRICS_FILE
 
 log = logging.getLogger("volt")
@@ -105,13 +105,9 @@ def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumeP
     for path, reason in damaged:
         # A handed-over run's file name, or a key inside its checkpoint that the reason quotes,
         # may hold a newline, which would forge a log line: such text is shown escaped.
-        log.warning("skipping damaged checkpoint %s: %s", _one_line(str(path)), _one_line(reason))
+        log.warning("skipping damaged checkpoint %s: %s", escaped(str(path)), escaped(reason))
     if checkpoint is not None:
         log.info("resuming run %s from %s", name, checkpoint)
     elif started:
         log.info("run %s has no complete checkpoint yet: starting it from the beginning", name)
     return ResumePlan(checkpoint, None)
-
-
-def _one_line(text: str) -> str:
-    return text if text.isprintable() else ascii(text)
