@@ -508,7 +508,11 @@ def main() -> None:
         + f", median of {args.repeats} windows of {args.steps} steps, ± their spread."
     )
     columns, align = COLUMNS[args.workload], "ll" + "r" * (len(COLUMNS[args.workload]) - 2)
-    cells = [gpt_cells(r) for r in rows] if gpt else [image_cells(r) for r in with_targets(rows)]
+    if not gpt:
+        with_targets(rows)
+        if args.json:  # the rows again, with their shares of the limit and their misses
+            harness.save_json(Path(args.json), {"device": about["device"], "rows": rows})
+    cells = [gpt_cells(r) for r in rows] if gpt else [image_cells(r) for r in rows]
     table = "\n".join([header, "", *harness.markdown_table(columns, align, cells)])
     print(f"\n{table}")
     if page:

@@ -39,6 +39,7 @@ def test_tiny_run_measures_every_side_and_rewrites_the_readme_table(tmp_path: Pa
         }
         assert all(ms > 0 for ms in row["ms"].values())
         assert row["share_of_limit"]["synthetic"] == 1.0
+        assert isinstance(row["misses"], list)
         assert row["volt_over_plain_volt_data"] == pytest.approx(
             row["ms"]["volt"] / row["ms"]["plain_volt_data"]
         )
