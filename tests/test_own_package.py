@@ -60,9 +60,9 @@ def test_a_package_in_the_clone_trains_evaluates_and_predicts_with_no_extra_key(
     assert trained.returncode == 0, trained.stderr[-3000:]
     run_dir = clone / "outputs" / "train" / "runs" / "mine"
     log = (run_dir / "train.log").read_text()  # the console wraps its lines
-    # The default task watches val/acc, which this module does not log: both step aside.
-    assert "early stopping is off: LineRegressor logged no 'val/acc'" in log
-    assert "best checkpoint is off" in log
+    # The default task watches val/acc, which this module does not log: its val/loss instead.
+    assert "watching val/loss (lower is better): LineRegressor logs no 'val/acc'" in log
+    assert "is off" not in log
     last = run_dir / "checkpoints" / "last.ckpt"
     predicted = run(
         clone, [f"ckpt_path={last}", "mode=predict", "name=p"], "volt.eval", clone / "src"

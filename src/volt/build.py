@@ -219,8 +219,13 @@ def build_trainer(
 ) -> pl.Trainer:
     """The Trainer of `cfg.trainer` with `cfg.callbacks` and `cfg.logger`, for training and
     evaluation alike. What volt adds is merged with what the config gives, never written over it."""
-    # First: it takes early stopping and the best checkpoint away before they miss their metric.
-    callbacks = [WatchedMetricCheck(), *build_callbacks(cfg.get("callbacks"), trusted)]
+    # First: it points early stopping and the best checkpoint at what the module logs, or takes
+    # them away, before they miss their metric.
+    watch = WatchedMetricCheck(
+        OmegaConf.select(cfg, "task.watch", default=""),
+        OmegaConf.select(cfg, "task.mode", default="max"),
+    )
+    callbacks = [watch, *build_callbacks(cfg.get("callbacks"), trusted)]
     callbacks += extra_callbacks
     # A checkpoint's callback states are data: none may point Lightning at files outside the run.
     callbacks.append(RestoredPathsCheck())

@@ -55,6 +55,9 @@ def silence_known_warnings() -> None:
     """Lightning 2.6 calls a torch pytree API that torch 2.10+ deprecates; the warning is about
     Lightning's code, says nothing to a volt user, and shows once per run. Only that one goes."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # A module with no validation_step: volt.callbacks.watched_metric says so in its own line,
+    # with what that turns off.
+    warnings.filterwarnings("ignore", message="You passed in a `val_dataloader` but have no `valid")
 
 
 @rank_zero_only

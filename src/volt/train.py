@@ -16,6 +16,7 @@ from volt.config.run_dirs import remove_run_dir_made_here
 from volt.console import exit_on_config_error
 from volt.data.downloads import DataNotFoundError
 from volt.errors import ConfigError, RankFailedError, TrainingOutOfMemoryError
+from volt.metric_names import find_watched
 from volt.training import train
 
 
@@ -43,6 +44,7 @@ def main(cfg: DictConfig) -> float | None:
         if in_multirun() or not error.user_facing:
             raise
         exit_on_config_error(error)
-    # What a sweeper optimises: the watched metric's best value, else its last.
-    watch = cfg.task.watch
+    # What a sweeper optimises: the watched metric's best value, else its last (under the name
+    # the module logs it by: volt.metric_names).
+    watch = find_watched(metrics, cfg.task.watch) or cfg.task.watch
     return metrics.get(f"{watch}_best", metrics.get(watch))

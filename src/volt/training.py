@@ -12,9 +12,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig
 
 from volt.build import TrainingObjects, build_training
+from volt.callbacks.watched_metric import WatchedMetricCheck
 from volt.config.redaction import redacted_container
 from volt.config.validation import check_config, check_machine, check_resolves
 from volt.console import (
@@ -27,6 +29,7 @@ from volt.console import (
 from volt.device_report import headline, save_device_report
 from volt.errors import TrainingOutOfMemoryError
 from volt.gpu import apply_matmul_precision, explain_oom
+from volt.metric_names import is_recorded
 from volt.runs import (
     hparams_session,
     plan_resume,
@@ -100,10 +103,11 @@ def _fit_and_test(
     # From the sanity check on, GracefulShutdown answers signals (and saves) until training ends.
     stopper.at("starting the fit (the ranks, setup, compile, the data)")
     run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
+    # What the checkpoint and early stopping followed: the module's own name for it, maybe.
+    checks = [c for c in run.trainer.callbacks if isinstance(c, WatchedMetricCheck)]  # type: ignore[attr-defined]
+    watch = checks[0].watch if checks else watch
     metrics = {
-        k: float(v)
-        for k, v in run.trainer.callback_metrics.items()
-        if k.startswith("val/") or k == watch
+        k: float(v) for k, v in run.trainer.callback_metrics.items() if is_recorded(k) or k == watch
     }
     checkpoint = run.trainer.checkpoint_callback
     # Rank 0's: a metric logged without sync_dist differs between ranks, and with it the file
@@ -122,6 +126,15 @@ def _fit_and_test(
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
     return metrics, best
+
+
+def tests_at_all(cfg: DictConfig, model: pl.LightningModule) -> bool:
+    """`test=true` tests after fitting when the module has a `test_step`; one line says it has
+    none (Lightning would end the run in a MisconfigurationException after the whole fit)."""
+    if cfg.test and not is_overridden("test_step", model):
+        log.info("no test after training: %s has no test_step", type(model).__name__)
+        return False
+    return bool(cfg.test)
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -163,7 +176,7 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
         with hparams_session(run.trainer.loggers, resolved, run_dir):
             with ranks_end_with_run(run.trainer):  # this process's DDP ranks end with the run
                 metrics, best = fit_and_test(
-                    run, cfg.test, plan.checkpoint, cfg.task.watch, stopper
+                    run, tests_at_all(cfg, run.model), plan.checkpoint, cfg.task.watch, stopper
                 )
             status = "pruned" if was_pruned(run.trainer) else "completed"
             write_metrics(run_dir, metrics, best_checkpoint=best, status=status)

@@ -205,18 +205,26 @@ class NoLogits(TinyRegression):
         self.log("val/loss", torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
 
 
+class Predictions(TinyRegression):
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self.layer(batch[0]).squeeze(1)  # (B,): not logits (B, classes)
+
+
+@pytest.mark.parametrize(("module", "warned"), [(NoLogits, False), (Predictions, True)])
 def test_a_module_that_returns_no_logits_trains_without_pictures(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, module: type[TinyRegression], warned: bool
 ) -> None:
-    """A module of the user's own under the default (classification) task: one line, no
-    pictures, the fit goes on."""
+    """A module of the user's own under the default (classification) task: no pictures, the fit
+    goes on; one line only for a module that returns a tensor that is not the logits (one that
+    returns nothing, as Lightning's docs write validation_step, is no classifier to warn about)."""
     data = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     run = trainer(tmp_path, [ClassificationImages()], epochs=2, val_batches=1)
     with caplog.at_level(logging.WARNING, logger="volt.callbacks.images"):
-        run.fit(NoLogits(), loader, loader)
+        run.fit(module(), loader, loader)
     lines = [r.getMessage() for r in caplog.records if r.name == "volt.callbacks.images"]
-    assert len(lines) == 1 and "NoLogits.validation_step returned NoneType, not the" in lines[0]
+    assert len(lines) == int(warned)
+    assert all(f"{module.__name__}.validation_step returned Tensor, not" in line for line in lines)
     assert run.current_epoch == 2
 
 

@@ -114,7 +114,9 @@ class ClassificationImages(Callback):
             return
         if not (isinstance(outputs, Tensor) and outputs.ndim == 2):
             # A module of the user's own under the default (classification) task: no pictures.
-            log.warning(
+            # One that returns nothing is no classifier to warn about (Lightning's docs' modules).
+            log.log(
+                logging.WARNING if isinstance(outputs, Tensor) else logging.DEBUG,
                 "callbacks.classification_images is off: %s.validation_step returned %s, not the"
                 " logits (batch, classes); return them for a confusion matrix, or set"
                 " callbacks.classification_images=null to silence this",

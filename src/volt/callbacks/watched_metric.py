@@ -1,48 +1,140 @@
 """Early stopping and the best checkpoint follow one watched metric (`task.watch`); a module of the
-user's own may log another one, or none. Lightning then ends the fit with a multi-line
-RuntimeError (EarlyStopping, strict) or MisconfigurationException (ModelCheckpoint). Here both
-step aside after the first validation that lacks their metric, with one line saying why; last.ckpt
-(a checkpoint callback without a monitor) is kept, so eval, predict and resume still work.
+user's own may log it under another name (`val_loss` for `val/loss`), log only a validation loss,
+or log nothing. Lightning then ends the fit with a multi-line RuntimeError (EarlyStopping,
+strict) or MisconfigurationException (ModelCheckpoint). Here, after the first validation, both
+follow the metric the module logs under the watched metric's meaning (volt.metric_names), else
+its validation loss (lower is better), else step aside; one line says which. last.ckpt (a
+checkpoint callback without a monitor) is kept, so eval, predict and resume still work.
+
+A module that logs no training loss gets the loss its `training_step` returns logged as
+`train/loss`, so every run has a loss curve.
 """
 
 import logging
+from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from volt.metric_names import find_watched, validation_loss
 
 log = logging.getLogger(__name__)
 
 
 class WatchedMetricCheck(Callback):
-    """Removes the EarlyStopping and monitoring ModelCheckpoint callbacks whose metric the first
-    validation did not log. Must come before them in the Trainer's callbacks (volt.build puts it
-    first; Lightning runs checkpoint callbacks last)."""
+    """Retargets or removes the EarlyStopping and monitoring ModelCheckpoint callbacks by what the
+    first validation logged. Must come before them in the Trainer's callbacks (volt.build puts it
+    first; Lightning runs checkpoint callbacks last, and restores callbacks in list order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, watch: str, mode: str) -> None:
+        self.watch, self.mode = watch, mode  # after the first validation: what is followed
         self.judged = False  # after the first validation: later ones log the same names
+        self.log_loss: bool | None = None  # judged at the first training batch
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if self.log_loss is None:
+            self.log_loss = not any("loss" in name for name in trainer.callback_metrics)
+            if self.log_loss and isinstance(loss, torch.Tensor):
+                log.info(
+                    "%s logs no training loss: volt logs the loss training_step returns as"
+                    " train/loss",
+                    type(pl_module).__name__,
+                )
+        if self.log_loss and isinstance(loss, torch.Tensor):
+            pl_module.log("train/loss", loss.detach())
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.judged or is_overridden("validation_step", pl_module):
+            return
+        self.judged = True
+        for callback in self._followers(trainer):
+            trainer.callbacks.remove(callback)  # type: ignore[attr-defined]
+        log.info(
+            "no best checkpoint nor early stopping: %s has no validation_step (last.ckpt is kept)",
+            type(pl_module).__name__,
+        )
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.judged:
             return
         self.judged = True
-        logged = trainer.callback_metrics
-        missing = [
-            callback
-            for callback in trainer.callbacks  # type: ignore[attr-defined]
-            if isinstance(callback, EarlyStopping | ModelCheckpoint)
-            and callback.monitor is not None
-            and callback.monitor not in logged
-        ]
-        for callback in missing:
+        logged = list(trainer.callback_metrics)
+        watched = find_watched(logged, self.watch)
+        mode = self.mode
+        if watched is None and (watched := validation_loss(logged)) is not None:
+            mode = "min"
+        if watched is not None and (watched, mode) != (self.watch, self.mode):
+            log.info(
+                "watching %s (%s is better): %s logs no %r",
+                watched,
+                "lower" if mode == "min" else "higher",
+                type(pl_module).__name__,
+                self.watch,
+            )
+            self._retarget(trainer, watched, mode)
+            return
+        if watched is not None:
+            return
+        for callback in self._followers(trainer):
             # They come after this callback: Lightning's loop over the list, now at this one,
             # goes on to the next that remains.
             trainer.callbacks.remove(callback)  # type: ignore[attr-defined]
             role = "early stopping" if isinstance(callback, EarlyStopping) else "best checkpoint"
             log.warning(
-                "%s is off: %s logged no %r in validation (logged: %s); set task.watch=<a metric"
-                " it logs>, or task=plain to watch val/loss",
+                "%s is off: %s logged no %r in validation (logged: %s); set task.watch=<one of"
+                " them> and task.mode=max|min",
                 role,
                 type(pl_module).__name__,
-                callback.monitor,
+                self.watch,
                 ", ".join(sorted(logged)) or "nothing",
             )
+
+    def _followers(self, trainer: pl.Trainer) -> list[EarlyStopping | ModelCheckpoint]:
+        return [
+            callback
+            for callback in trainer.callbacks  # type: ignore[attr-defined]
+            if isinstance(callback, EarlyStopping | ModelCheckpoint)
+            and callback.monitor == self.watch
+        ]
+
+    def _retarget(self, trainer: pl.Trainer, watch: str, mode: str) -> None:
+        """Sets what Lightning 2.6.6's callbacks derive from `monitor` and `mode` in their
+        __init__ (nothing is compared or saved before the first validation ends, so the rest
+        follows); their state_key changes with them, which is how a resumed run restores them."""
+        inf = torch.tensor(torch.inf if mode == "min" else -torch.inf)
+        for callback in self._followers(trainer):
+            if isinstance(callback, ModelCheckpoint):
+                old, new = self.watch, watch
+                if callback.filename:  # volt's: "epoch{epoch:03d}-val_acc{val/acc:.4f}"
+                    callback.filename = callback.filename.replace(
+                        "{" + old + ":", "{" + new + ":"
+                    ).replace(old.replace("/", "_"), new.replace("/", "_"))
+                callback.kth_value = inf
+            else:
+                callback.min_delta = abs(callback.min_delta) * (1 if mode == "max" else -1)
+                callback.best_score = inf
+            callback.monitor, callback.mode = watch, mode
+        self.watch, self.mode = watch, mode
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"watch": self.watch, "mode": self.mode}
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Lightning calls this for every callback before any load_state_dict: retargeted here,
+        # the followers' state keys match those the checkpoint stored them under.
+        state = checkpoint.get("callbacks", {}).get(self.state_key)
+        if state is not None:
+            self.judged = True
+            self._retarget(trainer, state["watch"], state["mode"])

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
 from volt.errors import ConfigError
+from volt.metric_names import find_watched
 
 log = logging.getLogger("volt")
 
@@ -108,13 +109,13 @@ class TrialPruning(Callback):
         """Rank 0: report this validation's value and ask the pruner; True to stop here."""
         import optuna
 
-        logged = trainer.callback_metrics.get(self.watch)
-        if logged is None:
+        name = find_watched(trainer.callback_metrics, self.watch)
+        if name is None:
             raise ConfigError(
                 f"task.watch={self.watch!r} was not logged by validation: the search prunes on it;"
                 f" set task.watch to a metric the model logs ({sorted(trainer.callback_metrics)})"
             )
-        value = float(logged)
+        value = float(trainer.callback_metrics[name])
         if step not in self._reported and math.isfinite(value):
             self._trial.report(value, step)
             self._reported.add(step)

@@ -1,0 +1,101 @@
+"""Modules written as Lightning's docs write them (tests/lightning_docs_task.py) train, evaluate,
+predict and sweep with their two YAML files (tests/lightning_docs_conf/) and nothing else typed:
+no task, no test=false, no task.watch. What a module lacks turns the matching step off in one
+line; what it logs is what volt watches."""
+
+import csv
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+CONF = Path(__file__).parent / "lightning_docs_conf"
+QUICK = [
+    f"hydra.searchpath=[file://{CONF}]",
+    "data=line",
+    "trusted_targets=[tests]",  # the user's package, outside volt
+    "trainer.max_epochs=3",
+    "callbacks.progress_bar=null",
+]
+
+
+def test_a_module_logging_val_loss_trains_evaluates_and_predicts(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    trained = run_volt([*QUICK, "model=lit", "name=lit", "logger=csv"])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    said = trained.stdout + trained.stderr
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "lit"
+    log = (run_dir / "train.log").read_text()
+    # The default task watches val/acc; the module logs val_loss: that is followed, lower better.
+    assert "watching val_loss (lower is better): LitRegressor logs no 'val/acc'" in log
+    assert "no test after training: LitRegressor has no test_step" in log
+    for not_for_it in (
+        "is off:",
+        "could not find the monitored key",
+        "test_step() method",
+        "Traceback",
+    ):
+        assert not_for_it not in said
+    record = json.loads((run_dir / "metrics.json").read_text())
+    metrics = record["metrics"]
+    assert metrics["val_loss_best"] == min(metrics["val_loss"], metrics["val_loss_best"]) < 0.5
+    assert "train_loss" in metrics and not any(k.startswith("test") for k in metrics)
+    best = Path(record["best_checkpoint"])
+    assert best.name.startswith("epoch") and f"val_loss{metrics['val_loss_best']:.4f}" in best.name
+
+    evaluated = run_volt([f"ckpt_path={best}", "trusted_targets=[tests]", "name=e"], "volt.eval")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    eval_dir = tmp_path / "outputs" / "eval" / "runs" / "e"
+    said = (eval_dir / "eval.log").read_text()
+    assert "LitRegressor has no test_step: evaluated on the validation set" in said
+    assert "LeafSpec" not in evaluated.stderr
+    eval_metrics = json.loads((eval_dir / "metrics.json").read_text())["metrics"]
+    assert eval_metrics["val_loss"] == pytest.approx(metrics["val_loss_best"], rel=1e-5)
+
+    predicted = run_volt(
+        [f"ckpt_path={best}", "trusted_targets=[tests]", "mode=predict", "name=p"], "volt.eval"
+    )
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    with (tmp_path / "outputs" / "eval" / "runs" / "p" / "predictions.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 128
+
+
+def test_a_module_that_logs_nothing_has_a_loss_curve(run_volt: Run, tmp_path: Path) -> None:
+    trained = run_volt([*QUICK, "model=silent", "name=silent", "logger=csv"])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "You passed in a `val_dataloader`" not in trained.stderr
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "silent"
+    log = (run_dir / "train.log").read_text()
+    assert "SilentRegressor has no validation_step (last.ckpt is kept)" in log
+    assert "SilentRegressor logs no training loss: volt logs the loss" in log
+    assert "could not find the monitored key" not in trained.stderr
+    with next(run_dir.glob("csv/**/metrics.csv")).open() as f:
+        curve = [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
+    assert len(curve) >= 3 and curve[-1] < curve[0]
+    record = json.loads((run_dir / "metrics.json").read_text())
+    assert record["metrics"]["train/loss"] < curve[0]  # the last step's, logged or not
+
+    # Nothing to predict with (no forward, no predict_step): one line, exit 2, nothing left.
+    last = run_dir / "checkpoints" / "last.ckpt"
+    predicted = run_volt(
+        [f"ckpt_path={last}", "trusted_targets=[tests]", "mode=predict", "name=p"], "volt.eval"
+    )
+    assert predicted.returncode == 2
+    assert predicted.stderr.strip().splitlines()[-1] == (
+        "volt: config error: mode=predict: SilentRegressor has neither predict_step nor forward;"
+        " add one (predict_step(self, batch, batch_idx) returning the predictions), or mode=test"
+    )
+    assert not (tmp_path / "outputs" / "eval" / "runs" / "p").exists()
+
+
+@pytest.mark.slow  # a two-job sweep, about 30 s on 2 cores
+def test_a_sweep_ranks_by_what_the_module_logs(run_volt: Run, tmp_path: Path) -> None:
+    swept = run_volt(["-m", *QUICK, "model=lit", "model.lr=0.01,0.05", "name=s", "logger=none"])
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    summary = (tmp_path / "outputs" / "train" / "multiruns" / "s" / "summary.csv").read_text()
+    header, *rows = summary.splitlines()
+    assert "val_loss_best" in header and len(rows) == 2
