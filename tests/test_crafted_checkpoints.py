@@ -8,6 +8,7 @@ so each case can fail."""
 import contextlib
 import copy
 import hashlib
+import os
 import pickle
 import re
 import shutil
@@ -27,6 +28,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.checkpoint import FileSystemReader
 
+import volt.runs.lock
 from tests.named_runs import train_steps
 from volt import eval as volt_eval
 from volt import rank as rank_entry
@@ -703,7 +705,9 @@ def test_tests_and_benchmarks_are_not_trusted_as_the_checkouts_code() -> None:
     assert not {"tests", "benchmarks", "volt"} & set(checkout_packages())
 
 
-def test_a_handed_over_run_directory_with_a_link_is_refused(tmp_path: Path) -> None:
+def test_a_handed_over_run_directory_with_a_link_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Volt writes into a run it continues (the lock, run.json, train.log): through a link it
     would write wherever the link points (found by a red-team review)."""
     outputs = tmp_path / "outputs"
@@ -724,9 +728,11 @@ def test_a_handed_over_run_directory_with_a_link_is_refused(tmp_path: Path) -> N
     assert f"name=handed: {run_dir / 'run.json'} is a symbolic link to {victim}" in done.stderr
     assert victim.read_text() == "a user's file"
     assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]
-    # The control: the first write volt makes there, the lock, goes through a link.
+    # The control: the first write volt makes there, the lock, opened as before, goes through
+    # a link.
     (run_dir / ".lock").symlink_to(victim)
-    lock_run_dir(run_dir).release()
+    monkeypatch.setattr(volt.runs.lock, "open_regular", lambda p, _, f: os.open(p, f, 0o666))
+    lock_run_dir(run_dir).release()  # type: ignore[union-attr]
     assert victim.read_text() != "a user's file"
 
 

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from volt.errors import ConfigError, escaped
+from volt.errors import ConfigError, controls_escaped, escaped
 
 log = logging.getLogger("volt")
 FIRST_GROUPS = ("data", "model", "trainer", "compile", "callbacks", "logger")
@@ -122,7 +122,13 @@ def one_line(error: Exception) -> str:
         target = re.search(r"'([^']+)'", text)
         where = f"{key.group(1)}: " if key else ""
         what = f"{target.group(1)} refused its arguments: " if target else ""
-        return " ".join(f"{where}{what}{type(cause).__name__}: {cause}".split())
+        return _one_line(f"{where}{what}{type(cause).__name__}: {cause}")
     # volt's own errors are written for the user; another's needs its type to make sense.
     own = type(error).__module__.startswith(__name__.split(".")[0] + ".")
-    return " ".join((str(error) if own else f"{type(error).__name__}: {error}").split())
+    return _one_line(str(error) if own else f"{type(error).__name__}: {error}")
+
+
+def _one_line(text: str) -> str:
+    # Line breaks become spaces, other control characters escapes: an error may quote a
+    # handed-over file's text, and a terminal escape there could erase this line.
+    return controls_escaped(" ".join(text.split()))

@@ -2,7 +2,9 @@
 whichever module reports it can catch it, without importing each other. Also how text read from
 a file (a handed-over run's names and keys) is put into a message."""
 
+import logging
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -59,3 +61,35 @@ def escaped(text: str) -> str:
     """`text` as it is, or, where it holds a control character (a newline that would forge a
     line of train.log, say), its escaped repr."""
     return text if text.isprintable() else ascii(text)
+
+
+def controls_escaped(text: str) -> str:
+    """`text` with every control character but line breaks and tabs escaped (`\\x1b`): what a
+    message volt writes itself, several lines long, keeps; a terminal escape sequence read from a
+    file (one that erases the line above and prints a green "passed") does not."""
+    if all(c.isprintable() or c in "\n\t" for c in text):
+        return text
+    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
+
+
+class EscapedText(logging.Filter):
+    """On every handler of volt's log (conf/hydra/job_logging): the values a message is formatted
+    with, which may come from a handed-over file (a key, a name, a path), are escaped whole
+    (`escaped`), and the message's own control characters but its line breaks. One place for
+    all log calls, volt's and the libraries' it routes there (Lightning's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_escaped_value(value) for value in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {key: _escaped_value(value) for key, value in record.args.items()}
+        if isinstance(record.msg, str):
+            record.msg = controls_escaped(record.msg)
+        return True
+
+
+def _escaped_value(value: object) -> object:
+    if isinstance(value, int | float):  # kept for %d and %.3f
+        return value
+    text = str(value)
+    return value if text.isprintable() else escaped(text)

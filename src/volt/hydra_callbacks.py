@@ -20,10 +20,11 @@ from volt.config.run_dirs import check_run_dir, note_new_run_dir
 from volt.config.validation import check_config, check_machine
 from volt.console import exit_on_config_error
 from volt.errors import ConfigError
+from volt.folder_files import check_folder
 from volt.rebuild import read_evaluated_run
 from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
 from volt.runs.records import record_failure
-from volt.runs.resume import check_same_run, refuse_links
+from volt.runs.resume import check_same_run
 from volt.sweeps.summary import print_sweep_summary, write_sweep_summary
 
 log = logging.getLogger(__name__)
@@ -128,8 +129,10 @@ class VoltCallback(Callback):
             check_run_dir(config)
             check_machine(config)
             if config.get("name"):  # an existing directory may have come from someone else
+                # A named sweep's folder holds its jobs' folders, checked with it: Hydra opens a
+                # job's train.log and writes its .hydra/ before any hook of the job runs.
                 named = config.hydra.sweep.dir if multirun else config.hydra.run.dir
-                refuse_links(Path(named), f"name={config.name}")
+                check_folder(Path(named), f"name={config.name}")
             if "ckpt_path" in config:  # eval
                 # The checkpoint's config is data: refused here before Hydra makes the run
                 # directory, against this command's trusted_targets, never the checkpoint's own.

@@ -135,7 +135,7 @@ def test_links_within_a_run_directory_are_kept_and_links_out_refused(tmp_path: P
     """W&B's links (inside the run, and to its cache) are W&B's; a link out of a folder volt
     writes in would carry volt's writes."""
     from volt.errors import ConfigError
-    from volt.runs import refuse_links
+    from volt.folder_files import check_folder
 
     run_dir = tmp_path / "run"
     (run_dir / "wandb" / "run-1" / "logs").mkdir(parents=True)
@@ -143,7 +143,7 @@ def test_links_within_a_run_directory_are_kept_and_links_out_refused(tmp_path: P
     (run_dir / "wandb" / "run-1" / "logs" / "core.log").symlink_to(tmp_path / "cache.log")
     (run_dir / "checkpoints").mkdir()
     (run_dir / "checkpoints" / "best.ckpt").symlink_to("last.ckpt")
-    refuse_links(run_dir, "name=run")
+    check_folder(run_dir, "name=run")
     (run_dir / "checkpoints" / "escape").symlink_to(tmp_path)
-    with pytest.raises(ConfigError, match=r"is a symbolic link to .*, outside the run directory"):
-        refuse_links(run_dir, "name=run")
+    with pytest.raises(ConfigError, match=r"is a symbolic link to .*, outside the folder"):
+        check_folder(run_dir, "name=run")

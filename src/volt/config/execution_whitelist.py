@@ -22,12 +22,14 @@ from volt.config.targets import VOLT_PACKAGE
 _INSTANTIATE_TAKES_ONE = "_execution_whitelist_" in inspect.signature(instantiate).parameters
 _MAIN_TAKES_ONE = "execution_whitelist" in inspect.signature(hydra.main).parameters
 # What Hydra builds itself from conf/hydra/: volt's callback (default.yaml) and the logging
-# handlers (job_logging/console_and_file.yaml). Hydra adds this list to every whitelist passed
-# inside the job; volt's own check still refuses these as `_target_`s of the run's config.
+# handlers and filter (job_logging/console_and_file.yaml). Hydra adds this list to every
+# whitelist passed inside the job; volt's own check still refuses these as `_target_`s of the
+# run's config.
 HYDRA_BUILDS = (
     f"{VOLT_PACKAGE}.hydra_callbacks.VoltCallback",
     "rich.logging.RichHandler",
     "logging.FileHandler",
+    f"{VOLT_PACKAGE}.errors.EscapedText",
 )
 
 

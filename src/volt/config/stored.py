@@ -226,7 +226,8 @@ def _target_nodes(node: Any, key: str) -> Iterator[tuple[str, Mapping[str, Any]]
 
 def _strings(node: Any, key: str) -> Iterator[tuple[str, str]]:
     """(key, value) for every string in `node`, keys included (a key is refused if not a plain
-    word: OmegaConf would otherwise read `${...}` in it later)."""
+    word: OmegaConf would otherwise read `${...}` in it later); a value that is no config value
+    (a set, a tensor) is refused."""
     if isinstance(node, Mapping):
         for k, value in node.items():
             if not isinstance(k, str) or "${" in k or not k.isprintable():
@@ -237,3 +238,10 @@ def _strings(node: Any, key: str) -> Iterator[tuple[str, str]]:
             yield from _strings(value, f"{key}[{i}]")
     elif isinstance(node, str):
         yield key, node
+    elif not isinstance(node, int | float | None):  # bool is an int
+        # weights_only loads sets, tensors and bytes too, which no config holds (OmegaConf
+        # fails on them with a traceback, after eval's folder was made)
+        raise ConfigError(
+            f"{key}: the checkpoint's config holds a {type(node).__name__}, which no config"
+            " holds: it was not written by volt's training; give a checkpoint a run wrote"
+        )

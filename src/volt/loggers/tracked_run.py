@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from volt.folder_files import FolderFileError, read_overrides, read_text, write_replacing
 
 log = logging.getLogger(__name__)
 TRACKER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # MLflow's 32 hex digits, W&B's 8 characters
@@ -43,14 +43,15 @@ class TrackedRun:
         `unstamped_ok`: also an id alone, as volt wrote it before 2026-11-26, for a tracker that
         checks on its server that the run it names was started from this directory (MLflow)."""
         path = self._id_file(tracker)
-        if not path.is_symlink() and not path.is_file():
+        if not os.path.lexists(path):
             return None
-        if not path.is_symlink():  # a link is never followed: a handed-over one points anywhere
-            with path.open("rb") as file:
-                lines = file.read(ID_FILE_LIMIT).decode(errors="replace").splitlines()
-            stamped = lines[1:] == [self._stamp()] or (unstamped_ok and len(lines) == 1)
-            if lines and TRACKER_ID.fullmatch(lines[0]) and stamped:
-                return lines[0]
+        try:  # a link is never followed: a handed-over one points anywhere
+            lines = read_text(path, self.directory, ID_FILE_LIMIT).splitlines()
+        except FolderFileError:
+            lines = []
+        stamped = lines[1:] == [self._stamp()] or (unstamped_ok and len(lines) == 1)
+        if lines and TRACKER_ID.fullmatch(lines[0]) and stamped:
+            return lines[0]
         log.warning(
             "%s was not written for this run directory (moved, handed over or edited): "
             "starting a new %s run instead of continuing the one it names",
@@ -62,12 +63,7 @@ class TrackedRun:
     def store_id(self, tracker: str, run_id: str) -> None:
         """Written beside and renamed over the id file: a link in its place (a handed-over run
         directory's) is replaced, never written through."""
-        path = self._id_file(tracker)
-        staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        staged.unlink(missing_ok=True)
-        with staged.open("x") as file:  # "x": fails on anything already there, a link included
-            file.write(f"{run_id}\n{self._stamp()}\n")
-        os.replace(staged, path)
+        write_replacing(self._id_file(tracker), self.directory, f"{run_id}\n{self._stamp()}\n")
 
 
 def tracked_run(run_dir: str, sweep_dir: str) -> TrackedRun:
@@ -77,5 +73,5 @@ def tracked_run(run_dir: str, sweep_dir: str) -> TrackedRun:
     sweep = Path(sweep_dir).name if directory.parent == Path(sweep_dir) else None
     # Hydra writes the job's overrides here before the job starts (the swept values included).
     overrides_file = directory / ".hydra" / "overrides.yaml"
-    overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.is_file() else None
-    return TrackedRun(directory, sweep, tuple(str(o) for o in overrides or ()))
+    overrides = read_overrides(overrides_file, directory) if os.path.lexists(overrides_file) else []
+    return TrackedRun(directory, sweep, tuple(overrides))

@@ -11,7 +11,7 @@ from volt.runs.records import (
     save_resolved_config,
     write_metrics,
 )
-from volt.runs.resume import ResumePlan, check_same_run, plan_resume, refuse_links
+from volt.runs.resume import ResumePlan, check_same_run, plan_resume
 
 __all__ = [
     "METRICS_FILE",
@@ -24,7 +24,6 @@ __all__ = [
     "lock_run_dir",
     "plan_resume",
     "record_failure",
-    "refuse_links",
     "run_record",
     "save_resolved_config",
     "write_metrics",

@@ -14,7 +14,7 @@ shows it; one already running keeps showing `running` until it is restarted, but
 end record's Success / Failure (the plugin's own status filter, in the HPARAMS dashboard).
 """
 
-import os
+import io
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -28,6 +28,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from volt.folder_files import write_replacing
 from volt.runs.records import read_metrics, run_status
 
 HPARAM_GROUPS = ("data", "model", "trainer", "compile", "precision", "seed")
@@ -152,11 +153,10 @@ def _summary(tag: str, data: plugin_data_pb2.HParamsPluginData) -> Summary:
 def _write_events(path: Path, summaries: Sequence[Summary]) -> None:
     """An event file written whole under a name TensorBoard skips (no `tfevents` in it), then
     renamed: a TensorBoard reading the directory meanwhile never sees half a file."""
-    partial = path.with_name(f".{os.getpid()}.partial")
     events = [Event(wall_time=time.time(), file_version="brain.Event:2")]
     events += [Event(wall_time=time.time(), summary=summary) for summary in summaries]
-    with partial.open("wb") as file:
-        records = RecordWriter(file)
-        for event in events:
-            records.write(event.SerializeToString())
-    partial.replace(path)
+    file = io.BytesIO()
+    records = RecordWriter(file)
+    for event in events:
+        records.write(event.SerializeToString())
+    write_replacing(path, path.parent, file.getvalue())

@@ -29,6 +29,8 @@ import weakref
 from pathlib import Path
 from typing import TextIO
 
+from volt.folder_files import open_regular
+
 log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
@@ -65,8 +67,10 @@ def lock_run_dir(directory: Path) -> RunLock | None:
     nothing, while another process holds it; None, with a warning, where the file system has no
     locks."""
     directory.mkdir(parents=True, exist_ok=True)
-    # "a+": made if missing, never truncated on open; the refused process only reads it.
-    file = open(directory / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115  # RunLock closes it
+    # Made if missing, never truncated on open (the refused process only reads it); a link or
+    # a FIFO in its place (a handed-over folder's) is refused, not followed or waited on.
+    fd = open_regular(directory / LOCK_FILE, directory, os.O_RDWR | os.O_CREAT)
+    file = os.fdopen(fd, "r+", encoding="utf-8")  # RunLock closes it
     try:
         fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -18,7 +18,8 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from volt.config import PROJECT_ROOT
-from volt.errors import TrainingInterrupted
+from volt.errors import TrainingInterrupted, escaped
+from volt.folder_files import FolderFileError, read_json_object, write_replacing
 
 METRICS_FILE = "metrics.json"
 # How a run ended by a signal (GracefulShutdown, Lightning's own SIGTERM handling, a second Ctrl+C).
@@ -30,18 +31,20 @@ def save_resolved_config(config: Mapping[str, Any], run_dir: Path) -> None:
     """.hydra/config.yaml keeps interpolations; this copy shows the values the run really used,
     but for those read from the environment, which `config` (volt.config.redaction) holds as their
     `${oc.env:...}`: DDP ranks train from this file and read them from the environment again."""
-    (run_dir / "config_resolved.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    text = yaml.safe_dump(dict(config), sort_keys=False)
+    write_replacing(run_dir / "config_resolved.yaml", run_dir, text)
 
 
 @rank_zero_only
 def write_metrics(run_dir: Path, metrics: Mapping[str, float], **details: Any) -> None:
     record = {"status": "completed", "metrics": dict(metrics), **details}
-    (run_dir / METRICS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_replacing(run_dir / METRICS_FILE, run_dir, json.dumps(record, indent=2) + "\n")
 
 
 def record_failure(run_dir: Path, error: str) -> None:
     """metrics.json for a run that ended in an error, so a sweep summary can say why."""
-    (run_dir / METRICS_FILE).write_text(json.dumps({"status": "failed", "error": error}) + "\n")
+    record = json.dumps({"status": "failed", "error": error}) + "\n"
+    write_replacing(run_dir / METRICS_FILE, run_dir, record)
 
 
 def run_status(error: BaseException | None) -> str:
@@ -55,11 +58,27 @@ def run_status(error: BaseException | None) -> str:
     return "failed"
 
 
+def read_record(run_dir: Path, within: Path) -> dict[str, Any] | None:
+    """The run's metrics.json record, None if there is none; `within`: the run's folder, or the
+    sweep's that holds it. A file that is not the object volt writes, its metrics a mapping of
+    names to values, is refused (FolderFileError): a handed-over folder may hold anything."""
+    path = run_dir / METRICS_FILE
+    if not os.path.lexists(path):
+        return None
+    record = read_json_object(path, within)
+    if not isinstance(record.get("metrics", {}), dict):
+        raise FolderFileError(
+            f"{escaped(str(path))}: its metrics are a {type(record['metrics']).__name__}, not"
+            " the names and values volt writes; remove the file to run again"
+        )
+    return record
+
+
 def read_metrics(run_dir: Path) -> dict[str, Any] | None:
     """The run's metrics.json record; None if there is none (or a torn one)."""
     try:
-        return json.loads((run_dir / METRICS_FILE).read_text())
-    except (OSError, ValueError):
+        return read_record(run_dir, run_dir)
+    except (OSError, ValueError):  # FolderFileError is a ValueError too
         return None
 
 
@@ -122,7 +141,7 @@ def end_open_records(status: str, **details: Any) -> None:
     for path, record in list(_open_records.items()):
         record.update(status=status, **details)
         record["ended"] = datetime.datetime.now().isoformat(timespec="seconds")
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        write_replacing(path, path.parent, json.dumps(record, indent=2) + "\n")
 
 
 @contextmanager
@@ -144,10 +163,10 @@ def run_record(run_dir: Path) -> Iterator[None]:
         "status": "running",
     }
     if diff:
-        (run_dir / "git.diff").write_text(diff, encoding="utf-8", errors="surrogateescape")
-    (run_dir / "packages.txt").write_text("\n".join(installed_packages()) + "\n")
+        write_replacing(run_dir / "git.diff", run_dir, diff.encode("utf-8", "surrogateescape"))
+    write_replacing(run_dir / "packages.txt", run_dir, "\n".join(installed_packages()) + "\n")
     path = run_dir / "run.json"
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    write_replacing(path, run_dir, json.dumps(record, indent=2) + "\n")
     _open_records[path] = record
     try:
         yield
@@ -164,4 +183,4 @@ def run_record(run_dir: Path) -> Iterator[None]:
     finally:
         _open_records.pop(path, None)
         record["ended"] = datetime.datetime.now().isoformat(timespec="seconds")
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        write_replacing(path, run_dir, json.dumps(record, indent=2) + "\n")

@@ -1,17 +1,16 @@
 """Named runs (`name=...`): a fixed directory, and re-running the same command continues the run
 from its newest complete checkpoint instead of starting over."""
 
-import json
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from volt.checkpointing import find_latest_valid_checkpoint
 from volt.errors import ConfigError, escaped
-from volt.runs.records import METRICS_FILE
+from volt.folder_files import read_overrides
+from volt.runs.records import METRICS_FILE, read_record
 
 log = logging.getLogger("volt")
 
@@ -30,47 +29,15 @@ def _identity(overrides: list[str], neutral: Sequence[str]) -> list[str]:
     return sorted(filter(changes_the_run, overrides))
 
 
-# Where volt, Hydra and Lightning write in a run directory: its own files (the lock, run.json,
-# train.log, metrics.json, the TensorBoard events...), .hydra/, checkpoints/. Deeper folders
-# belong to the library that made them (W&B links its logs to ~/.cache/wandb).
-WRITTEN_FOLDERS = (".", ".hydra", "checkpoints")
-
-
-def refuse_links(directory: Path, key: str) -> None:
-    """A run directory volt continues holds no symbolic link out of it where volt, Hydra and
-    Lightning write (WRITTEN_FOLDERS), itself included: they would write, or delete, wherever
-    such a link points. A directory someone handed over is data. Links within it are kept."""
-    if directory.is_symlink():
-        _refuse_link(directory, key)
-    if not directory.is_dir():
-        return
-    inside = directory.resolve()
-    for folder in WRITTEN_FOLDERS:
-        place = directory / folder
-        entries = [place] if folder != "." else []
-        entries += list(place.iterdir()) if place.is_dir() and not place.is_symlink() else []
-        for path in entries:
-            if path.is_symlink() and not path.resolve().is_relative_to(inside):
-                _refuse_link(path, key)
-
-
-def _refuse_link(path: Path, key: str) -> None:
-    raise ConfigError(
-        f"{key}: {path} is a symbolic link to {path.resolve()}, outside the run directory: volt"
-        " writes into a run it continues and would write there; remove the link or pick another"
-        " name"
-    )
-
-
 def check_same_run(run_dir: Path, name: str, overrides: list[str], neutral: Sequence[str]) -> None:
     """A named run is its overrides: refuse to continue one under different ones (before Hydra
     rewrites anything in its directory). `neutral`: the keys (and what lies under them) that may
     change between attempts without making it another run, the list that also keeps them out of
     sweep job directory names (conf/hydra/default.yaml, `override_dirname.exclude_keys`)."""
     stored_file = run_dir / ".hydra" / "overrides.yaml"
-    if not stored_file.is_file():
+    if not os.path.lexists(stored_file):
         return
-    stored = _identity(yaml.safe_load(stored_file.read_text()) or [], neutral)
+    stored = _identity(read_overrides(stored_file, run_dir), neutral)
     given = _identity(overrides, neutral)
     if stored != given:
         raise ConfigError(
@@ -87,7 +54,9 @@ def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumeP
         return ResumePlan(None, None)
     metrics_file = run_dir / METRICS_FILE
     checkpoint, damaged = find_latest_valid_checkpoint(run_dir / "checkpoints")
-    started = metrics_file.is_file() or checkpoint is not None or (run_dir / "run.json").is_file()
+    started = (
+        os.path.lexists(metrics_file) or checkpoint is not None or (run_dir / "run.json").is_file()
+    )
     if resume is False and started:
         raise ConfigError(
             f"name={name} already exists in {run_dir} and resume=false: pick another name, "
@@ -98,10 +67,9 @@ def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumeP
             f"name={name} with resume=true, but {run_dir} holds no run to continue: "
             "drop resume=true to start it"
         )
-    if metrics_file.is_file():
-        record = json.loads(metrics_file.read_text())
-        if record.get("status") == "completed":
-            return ResumePlan(None, record.get("metrics", {}))
+    record = read_record(run_dir, run_dir)
+    if record is not None and record.get("status") == "completed":
+        return ResumePlan(None, record.get("metrics", {}))
     for path, reason in damaged:
         # A handed-over run's file name, or a key inside its checkpoint that the reason quotes,
         # may hold a newline, which would forge a log line: such text is shown escaped.

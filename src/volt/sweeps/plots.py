@@ -2,8 +2,10 @@
 read from the study in the sweep directory (finished trials as dots, pruned ones as grey crosses
 at their last reported value)."""
 
+import io
 from pathlib import Path
 
+from volt.folder_files import write_replacing
 from volt.sweeps.pruning import JOURNAL_FILE, open_journal
 
 PLOT_FILE = "search.png"
@@ -54,6 +56,8 @@ def plot_search(sweep_dir: Path) -> Path | None:
     figure.suptitle(f"{study.study_name}: {len(trials)} trials ({study.direction.name.lower()})")
     figure.tight_layout()
     path = sweep_dir / PLOT_FILE
-    figure.savefig(path, dpi=100)
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
     plt.close(figure)
+    write_replacing(path, sweep_dir, image.getvalue())  # a link at search.png is not followed
     return path

@@ -39,6 +39,7 @@ from optuna.distributions import (
 from optuna.trial import FrozenTrial, TrialState
 
 from volt.errors import ConfigError
+from volt.folder_files import write_replacing
 from volt.sweeps.pruning import TRIAL_VARIABLE, open_journal
 
 log = logging.getLogger("volt")
@@ -274,6 +275,4 @@ class Search:
                 overrides=self.space.overrides(best.params)[len(self.space.fixed) :],
             )
         path = self.sweep_dir / BEST_FILE
-        partial = path.with_suffix(".yaml.partial")
-        partial.write_text(yaml.safe_dump(record, sort_keys=False))
-        partial.replace(path)
+        write_replacing(path, self.sweep_dir, yaml.safe_dump(record, sort_keys=False))

@@ -7,18 +7,19 @@ searched parameter in search.png), and on demand, also while the sweep runs:
 """
 
 import csv
-import json
+import io
 import math
 import os
 import sys
 from pathlib import Path
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from volt.console import escape_what_the_console_cannot_print
-from volt.runs import METRICS_FILE
+from volt.console import escape_what_the_console_cannot_print, exit_on_config_error
+from volt.errors import ConfigError, escaped
+from volt.folder_files import read_overrides, read_yaml, write_replacing
+from volt.runs.records import read_record
 
 CSV_FILE = "summary.csv"
 MARKDOWN_FILE = "summary.md"
@@ -28,9 +29,9 @@ LOCK_FILE = ".lock"  # volt.runs.lock's: held by the process that runs the job
 def job_status(job_dir: Path) -> str:
     """completed / failed / pruned from the job's metrics.json; without one, running while a
     process holds the job's lock, else interrupted (killed before it could say)."""
-    metrics_file = job_dir / METRICS_FILE
-    if metrics_file.is_file():
-        return str(json.loads(metrics_file.read_text()).get("status", "completed"))
+    record = read_record(job_dir, job_dir.parent)
+    if record is not None:
+        return str(record.get("status", "completed"))
     return "running" if _lock_held(job_dir / LOCK_FILE) else "interrupted"
 
 
@@ -38,7 +39,7 @@ def _lock_held(lock_file: Path) -> bool:
     """Whether a process on this machine holds an flock on `lock_file`, read from /proc/locks:
     trying the lock would take it for a moment, and a job starting then would be refused."""
     try:
-        inode = os.stat(lock_file).st_ino
+        inode = os.lstat(lock_file).st_ino
         locks = Path("/proc/locks").read_text()
     except OSError:
         return False
@@ -55,15 +56,14 @@ def collect_jobs(sweep_dir: Path) -> list[dict[str, str]]:
     rows = []
     for overrides_file in sweep_dir.glob("*/.hydra/overrides.yaml"):
         job_dir = overrides_file.parent.parent
-        overrides = yaml.safe_load(overrides_file.read_text()) or []
+        overrides = read_overrides(overrides_file, sweep_dir)
         row = {"job": job_dir.name.split("_", 1)[0], "status": job_status(job_dir)}
-        row.update(o.split("=", 1) for o in overrides if "=" in o)
-        metrics_file = job_dir / METRICS_FILE
-        if metrics_file.is_file():
-            record = json.loads(metrics_file.read_text())
-            row.update({k: f"{v:.6g}" for k, v in record.get("metrics", {}).items()})
+        row.update((k, v) for k, _, v in (o.partition("=") for o in overrides if "=" in o))
+        record = read_record(job_dir, sweep_dir)
+        if record is not None:
+            row.update({str(k): _number(v) for k, v in record.get("metrics", {}).items()})
             if "error" in record:
-                row["error"] = record["error"]
+                row["error"] = str(record["error"])
         row["dir"] = str(job_dir)
         rows.append(row)
     return sorted(rows, key=lambda r: int(r["job"]) if r["job"].isdigit() else 0)
@@ -75,7 +75,7 @@ def sweep_watch(sweep_dir: Path) -> tuple[str | None, str]:
     (`python -m volt.sweeps.summary DIR`), and an interpolation there would read your environment
     into the table. A value that is not a plain word counts as absent."""
     path = sweep_dir / "multirun.yaml"
-    config = yaml.safe_load(path.read_text()) if path.is_file() else None
+    config = read_yaml(path, sweep_dir) if os.path.lexists(path) else None
     task = config.get("task") if isinstance(config, dict) else None
     task = task if isinstance(task, dict) else {}
     watch, mode = task.get("watch"), task.get("mode", "max")
@@ -118,22 +118,24 @@ def write_sweep_summary(sweep_dir: Path) -> list[dict[str, str]]:
         return rows
     rows = rank_rows(rows, *objective(sweep_dir, rows))
     columns = _columns(rows)
-    with _replacing(sweep_dir / CSV_FILE).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    _replacing(sweep_dir / MARKDOWN_FILE).write_text("\n".join(lines) + "\n")
-    for name in (CSV_FILE, MARKDOWN_FILE):
-        (sweep_dir / f"{name}.partial").replace(sweep_dir / name)
+    # Staged beside and renamed over: a reader (this CLI while the sweep writes) sees the old
+    # file or the new one, and a link in a handed-over sweep folder is replaced, not written.
+    write_replacing(sweep_dir / CSV_FILE, sweep_dir, table.getvalue())
+    write_replacing(sweep_dir / MARKDOWN_FILE, sweep_dir, "\n".join(lines) + "\n")
     return rows
 
 
-def _replacing(path: Path) -> Path:
-    """Where to write `path`'s new content first: a reader (this CLI while the sweep writes)
-    sees the old file or the new one, never half of one."""
-    return path.with_name(f"{path.name}.partial")
+def _number(value: object) -> str:
+    """A metric as the table shows it; a value that is no number (a handed-over file) as text."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.6g}"
+    return escaped(str(value))
 
 
 def _cell(value: str) -> str:
@@ -185,10 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sweep_dir = Path(args[0])
-    if not collect_jobs(sweep_dir):
-        print(f"{sweep_dir}: no sweep jobs here (no */.hydra/overrides.yaml)", file=sys.stderr)
-        return 2
-    print_sweep_summary(sweep_dir)
+    try:
+        if not collect_jobs(sweep_dir):
+            print(f"{sweep_dir}: no sweep jobs here (no */.hydra/overrides.yaml)", file=sys.stderr)
+            return 2
+        print_sweep_summary(sweep_dir)
+    except ConfigError as error:  # a file of the folder volt will not read: one line, exit 2
+        exit_on_config_error(error)
     return 0
 
 

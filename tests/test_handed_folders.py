@@ -1,0 +1,357 @@
+"""A run or sweep folder someone handed over is data (issue #41): links, FIFOs and oversized or
+malformed files in it are refused in one line before volt writes anything, and every write
+replaces a file rather than following what stands at its name. Each case has a control that
+shows the route firing with volt's check taken out, so each case can fail."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+import volt.console
+import volt.errors
+import volt.folder_files
+import volt.runs.lock
+from volt.config import PROJECT_ROOT
+from volt.console import exit_on_config_error
+from volt.errors import ConfigError
+from volt.folder_files import FolderFileError, check_folder, read_json_object, read_yaml
+from volt.loggers.tracked_run import tracked_run
+from volt.runs import lock_run_dir
+from volt.runs.resume import check_same_run, plan_resume
+from volt.sweeps import summary
+from volt.sweeps.summary import CSV_FILE, MARKDOWN_FILE, write_sweep_summary
+
+AUTHORIZED_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA attacker"
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("a user's file\n")
+    return victim
+
+
+def make_sweep(root: Path, overrides: str = "- seed=1\n", name: str = "sweep") -> Path:
+    sweep = root / name
+    (sweep / "0_seed=1" / ".hydra").mkdir(parents=True)
+    (sweep / "0_seed=1" / ".hydra" / "overrides.yaml").write_text(overrides)
+    (sweep / "0_seed=1" / "metrics.json").write_text('{"status": "completed", "metrics": {}}')
+    return sweep
+
+
+def old_partial_writer(path: Path, within: Path, data: str | bytes) -> None:
+    """How the summary wrote before: into `<name>.partial`, through whatever stood there."""
+    partial = path.with_name(f"{path.name}.partial")
+    with partial.open("w") as file:
+        file.write(data if isinstance(data, str) else data.decode())
+    partial.replace(path)
+
+
+@pytest.mark.parametrize("name", [CSV_FILE, MARKDOWN_FILE])
+def test_a_summary_partial_link_is_replaced_not_written_through(
+    name: str, tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = make_sweep(tmp_path, f"- 'seed=1\n\n  {AUTHORIZED_KEY}\n\n  '\n")
+    (sweep / f"{name}.partial").symlink_to(victim)
+    write_sweep_summary(sweep)
+    assert victim.read_text() == "a user's file\n"
+    assert AUTHORIZED_KEY in (sweep / name).read_text()
+    # the control: written as before, through the link
+    monkeypatch.setattr(summary, "write_replacing", old_partial_writer)
+    write_sweep_summary(sweep)
+    assert AUTHORIZED_KEY in victim.read_text()  # on a line of its own in the CSV
+
+
+def opened_as_before(path: Path, within: Path, flags: int) -> int:
+    return os.open(path, flags, 0o666)
+
+
+def read_in_thread(read: Callable[[], object]) -> threading.Thread:
+    reading = threading.Thread(target=read, daemon=True)
+    reading.start()
+    reading.join(timeout=2)
+    return reading
+
+
+def release(fifo: Path) -> None:
+    """Let a reader blocked on `fifo` go: a writer opens it (and closes it at once)."""
+    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_fifo_overrides_file_ends_the_summary_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = make_sweep(tmp_path)
+    fifo = sweep / "0_seed=1" / ".hydra" / "overrides.yaml"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit) as stopped:
+        summary.main([str(sweep)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert f"volt: config error: {fifo} is not a regular file (FIFO)" in err
+    assert not (sweep / CSV_FILE).exists()
+    # the control: opened as any file is, the summary waits for a writer that never comes
+    monkeypatch.setattr(volt.folder_files, "open_regular", opened_as_before)
+    reading = read_in_thread(lambda: summary.collect_jobs(sweep))
+    assert reading.is_alive()
+    release(fifo)
+    reading.join(timeout=10)
+
+
+# What Hydra, volt and Lightning's CSVLogger write in a sweep job's or a run's folder: each
+# would write through a link there (Hydra's .hydra/config.yaml, volt's config_resolved.yaml and
+# .lock, the logger's hparams.yaml), or wait on a FIFO (Hydra's train.log, resume's last.ckpt).
+WRITTEN = [".hydra/config.yaml", "config_resolved.yaml", ".lock", "csv/hparams.yaml"]
+
+
+@pytest.mark.parametrize("name", WRITTEN)
+def test_a_link_out_of_a_sweep_job_or_its_logger_folder_is_refused(
+    name: str, tmp_path: Path, victim: Path
+) -> None:
+    sweep = make_sweep(tmp_path)
+    link = sweep / "0_seed=1" / name
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(victim)
+    with pytest.raises(FolderFileError, match=f"name=s: {link} is a symbolic link to {victim}"):
+        check_folder(sweep, "name=s")
+    with pytest.raises(FolderFileError, match=f"name=r: {link} is a symbolic link to {victim}"):
+        check_folder(sweep / "0_seed=1", "name=r")
+
+
+@pytest.mark.parametrize("name", ["train.log", "checkpoints/last.ckpt", ".hydra/overrides.yaml"])
+def test_a_fifo_in_a_run_folder_is_refused(name: str, tmp_path: Path) -> None:
+    fifo = tmp_path / "run" / name
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)
+    with pytest.raises(FolderFileError, match=f"name=run: {fifo} is a FIFO"):
+        check_folder(tmp_path / "run", "name=run")
+
+
+# the logger warns that it will replace what its folder holds: the point of the case
+@pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
+def test_the_csv_loggers_hparams_file_is_written_through_a_link(
+    tmp_path: Path, victim: Path
+) -> None:
+    """The control for csv/hparams.yaml: Lightning's CSVLogger, which volt cannot route through
+    its own writer, writes through the link; the folder check is what keeps it out."""
+    (tmp_path / "run" / "csv").mkdir(parents=True)
+    (tmp_path / "run" / "csv" / "hparams.yaml").symlink_to(victim)
+    logger = CSVLogger(save_dir=tmp_path / "run", name="csv", version="")
+    logger.log_hyperparams({"lr": 0.1})
+    logger.save()
+    assert "lr: 0.1" in victim.read_text()
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_lock_file_that_is_no_regular_file_is_refused(
+    kind: str, tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = tmp_path / ".lock"
+    lock.symlink_to(victim) if kind == "link" else os.mkfifo(lock)
+    with pytest.raises(FolderFileError, match=f"{lock} is "):
+        lock_run_dir(tmp_path)
+    if kind == "link":  # the control: opened as before, the lock writes through the link
+        monkeypatch.setattr(volt.runs.lock, "open_regular", opened_as_before)
+        lock_run_dir(tmp_path).release()  # type: ignore[union-attr]
+        assert "pid" in victim.read_text()
+
+
+def test_resume_reads_no_fifo_overrides_and_no_bomb(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = tmp_path / ".hydra" / "overrides.yaml"
+    stored.parent.mkdir()
+    os.mkfifo(stored)
+    with pytest.raises(FolderFileError, match="is not a regular file"):
+        check_same_run(tmp_path, "run", [], [])
+    with pytest.raises(FolderFileError, match="is not a regular file"):
+        tracked_run(str(tmp_path), "x")
+    stored.unlink()
+    # 1,000 aliases to one 10 kB string: 10 MB once expanded; the issue's 50,000 of 100 kB, 5 GB
+    stored.write_text(f"- &a seed={'1' * 10_000}\n" + "- *a\n" * 1000)
+    with pytest.raises(FolderFileError, match=r"is not plain YAML \(.*alias"):
+        check_same_run(tmp_path, "run", [], [])
+    # the control: YAML's own safe loader expands every alias
+    monkeypatch.setattr(volt.folder_files, "_NoAliasLoader", __import__("yaml").SafeLoader)
+    assert len(read_yaml(stored, tmp_path)) == 1001
+
+
+def test_an_oversized_file_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    record = tmp_path / "metrics.json"
+    record.write_text(json.dumps({"status": "completed", "pad": "x" * 200}))
+    with pytest.raises(FolderFileError, match="holds more than 100 bytes"):
+        read_json_object(record, tmp_path, limit=100)
+    assert read_json_object(record, tmp_path, limit=1000)["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    "text", ["[]", "[" * 200_000, "{", '{"status": "completed", "metrics": 1}']
+)
+def test_a_malformed_metrics_file_ends_resume_and_summary_in_one_line(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = make_sweep(tmp_path)
+    job = sweep / "0_seed=1"
+    (job / "metrics.json").write_text(text)
+    with pytest.raises(ConfigError, match=f"{job / 'metrics.json'}"):
+        plan_resume(job, "run", None)
+    with pytest.raises(SystemExit) as stopped:
+        summary.main([str(sweep)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    assert not (sweep / CSV_FILE).exists()
+
+
+def test_the_old_readers_fail_on_these_files_with_a_traceback() -> None:
+    """The control for the malformed cases: what `json.loads` gives the callers as they were."""
+    with pytest.raises(RecursionError):
+        json.loads("[" * 200_000)
+    with pytest.raises(AttributeError):
+        json.loads("[]").get("status")
+
+
+def test_a_non_number_metric_is_shown_as_text(tmp_path: Path) -> None:
+    sweep = make_sweep(tmp_path)
+    (sweep / "0_seed=1" / "metrics.json").write_text(
+        json.dumps({"status": "completed", "metrics": {"val/acc": "\x1b[32mgreat"}})
+    )
+    (row,) = write_sweep_summary(sweep)
+    assert row["val/acc"] == ascii("\x1b[32mgreat")
+
+
+def sweep_command(outputs: Path, *patch: str) -> list[str]:
+    """`python train.py -m name=sw seed=1 ...`, after `patch` (Python lines) ran in the process."""
+    start = "; ".join([*patch, "import runpy", "runpy.run_path('train.py', run_name='__main__')"])
+    return [
+        sys.executable,
+        "-c",
+        start,
+        "-m",
+        "name=sw",
+        "seed=1",
+        "trainer.max_steps=1",
+        "trainer.limit_val_batches=1",
+        "callbacks.progress_bar=null",
+        "callbacks.model_summary=null",
+        "logger=none",
+        "test=false",
+        f"paths.outputs_dir={outputs}",
+    ]
+
+
+def continue_sweep(outputs: Path, *patch: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        sweep_command(outputs, *patch),
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_continuing_a_named_sweep_with_a_linked_job_file_is_refused(
+    tmp_path: Path, victim: Path
+) -> None:
+    outputs = tmp_path / "outputs"
+    sweep = make_sweep(outputs / "train" / "multiruns", name="sw")
+    (sweep / "0_seed=1" / ".hydra" / "config.yaml").symlink_to(victim)
+    done = continue_sweep(outputs)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("volt: config error: name=sw: ")
+    assert victim.read_text() == "a user's file\n"
+
+
+@pytest.mark.slow  # a real sweep job trains: about 30 s on 2 cores
+def test_continuing_a_named_sweep_writes_through_a_link_without_the_check(
+    tmp_path: Path, victim: Path
+) -> None:
+    outputs = tmp_path / "outputs"
+    sweep = make_sweep(outputs / "train" / "multiruns", name="sw")
+    (sweep / "0_seed=1" / ".hydra" / "config.yaml").symlink_to(victim)
+    patch = "import volt.folder_files as f", "f.check_folder = lambda *a: None"
+    continue_sweep(outputs, *patch)
+    assert victim.read_text() != "a user's file\n"  # Hydra wrote the job's config there
+
+
+# Requirement 4: text from a file is escaped before a terminal or the log shows it, by one filter
+# on the handlers of volt's log, and in the one line an error ends with.
+ERASES_AND_PASSES = "\x1b[1A\x1b[2K\x1b[32mvolt: evaluation passed"
+FORGED_LINE = "key\n2026-11-28 01:00:00 INFO    volt: evaluation passed"
+
+
+def log_through_volts_handlers(tmp_path: Path, *args: object) -> str:
+    """`args` logged by volt's own logging config (conf/hydra/job_logging), its file handler
+    writing to tmp_path; the lines the file and the console got."""
+    import logging.config
+
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(
+        OmegaConf.load(PROJECT_ROOT / "conf" / "hydra" / "job_logging" / "console_and_file.yaml")
+    )
+    assert isinstance(config, dict)
+    tmp_path.mkdir()
+    config["handlers"]["file"]["filename"] = str(tmp_path / "train.log")
+    config["loggers"] = {"handed": {"handlers": ["console", "file"], "propagate": False}}
+    config["root"] = {"level": "INFO", "handlers": []}
+    logging.config.dictConfig(config)
+    logging.getLogger("handed").warning("skipping damaged checkpoint %s: %s", *args)
+    logging.getLogger("handed").warning(f"a message formatted by its caller: {args[1]}")
+    for handler in logging.getLogger("handed").handlers:
+        handler.close()
+    return (tmp_path / "train.log").read_text()
+
+
+def test_file_text_is_escaped_by_the_log_filter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = log_through_volts_handlers(tmp_path / "a", FORGED_LINE, ERASES_AND_PASSES)
+    assert "\x1b" not in text and len(text.splitlines()) == 2, text
+    assert ascii(FORGED_LINE) in text
+    # the control: without the filter the file gets the escape and the forged line
+    monkeypatch.setattr(volt.errors.EscapedText, "filter", lambda self, record: True)
+    text = log_through_volts_handlers(tmp_path / "b", FORGED_LINE, ERASES_AND_PASSES)
+    assert "\x1b[1A" in text and "\n2026-11-28 01:00:00 INFO    volt: evaluation passed" in text
+
+
+def test_an_error_quoting_file_text_ends_in_one_escaped_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    error = ConfigError(f"model: unexpected key {FORGED_LINE}{ERASES_AND_PASSES}")
+    with pytest.raises(SystemExit):
+        exit_on_config_error(error)
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and err.count("\n") == 1, err
+    assert "\\x1b[1A\\x1b[2K\\x1b[32mvolt: evaluation passed" in err
+    # the control: without the escaping the terminal gets the sequence that erases the line
+    monkeypatch.setattr(volt.console, "controls_escaped", lambda text: text)
+    with pytest.raises(SystemExit):
+        exit_on_config_error(error)
+    assert "\x1b[1A" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [{1, 2}, torch.zeros(2)], ids=["set", "tensor"])
+def test_a_stored_value_no_config_holds_is_refused_in_one_line(
+    value: object, tmp_path: Path
+) -> None:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import UnsupportedValueType
+
+    from volt.config.stored import check_stored_sections
+
+    model = {"_target_": "volt.models.classifier.Classifier", "num_classes": value}
+    with pytest.raises(ConfigError, match=r"model\.num_classes: the checkpoint's config holds a"):
+        check_stored_sections({"model": model}, [], [], tmp_path, ["model"])
+    # the control: what the rebuild did with it next, a traceback
+    with pytest.raises(UnsupportedValueType):
+        OmegaConf.create(model)
