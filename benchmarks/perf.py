@@ -141,16 +141,20 @@ def compose_config(overrides: list[str], data_root: str, steps: int) -> DictConf
 
 
 class Clock(harness.Windows):
-    """The windows of a side's steps; with --profile, cProfile on for the timed steps."""
+    """The windows of a side's steps; with --profile, cProfile on for the timed steps; with
+    --trace, torch.profiler (CPU and CUDA) on for them."""
 
     def __init__(self, device: torch.device, warmup: int, steps: int, repeats: int) -> None:
         super().__init__(warmup, steps, repeats, lambda: harness.synchronize(device))
         self.profiler: cProfile.Profile | None = None
+        self.tracer: torch.profiler.profile | None = None
 
     def step_done(self, step: int) -> bool:
         marked = super().step_done(step)
         if marked and self.profiler is not None and step in (self.first, self.last):
             (self.profiler.enable if step == self.first else self.profiler.disable)()
+        if marked and self.tracer is not None and step in (self.first, self.last):
+            (self.tracer.start if step == self.first else self.tracer.stop)()
         return marked
 
 
@@ -279,8 +283,10 @@ def bare_fit(cfg: DictConfig, clock: Clock, device: torch.device) -> pl.Lightnin
 def find_syncs(args: argparse.Namespace) -> None:
     """Where volt's training steps make the CPU wait for the GPU: waits per step, by caller."""
     for row in rows_to_run(args.workload, args.tiny, args.gpt_batches):
+        if args.only and args.only != f"{row['workload']} {row['variant']}":
+            continue
         clock = Clock(torch.device("cuda"), row["warmup"], args.steps, 1)
-        cfg = compose_config(row["overrides"], args.data_root, clock.total)
+        cfg = compose_config([*row["overrides"], *args.extra], args.data_root, clock.total)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             volt_fit(cfg, SyncFinder(clock))
@@ -307,6 +313,11 @@ def run_side(args: argparse.Namespace) -> None:
         torch.cuda.reset_peak_memory_stats()
     if args.profile:
         clock.profiler = cProfile.Profile()
+    if args.trace:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        clock.tracer = torch.profiler.profile(activities=activities)
     if args.side == "volt":
         model = volt_fit(cfg, clock_callback(clock))
     elif args.side == "lightning":
@@ -321,6 +332,8 @@ def run_side(args: argparse.Namespace) -> None:
     peak_tf = peak_tflops(device, matmul_dtype(cfg.precision)) if flops else None
     if clock.profiler is not None:
         print_profile(clock.profiler, args.steps * args.repeats, Path(args.profile))
+    if clock.tracer is not None:
+        print_trace(clock.tracer, args.steps * args.repeats, Path(args.trace))
     result = {"ms": clock.ms_per_step(), "peak_mib": peak, "batch": cfg.data.batch_size}
     result |= {"tokens_per_step": tokens, "flops_per_token": flops, "peak_tflops": peak_tf}
     print(harness.result_line(result))
@@ -340,6 +353,28 @@ def print_profile(profiler: cProfile.Profile, steps: int, to: Path) -> None:
     print(summary, file=sys.stderr)
 
 
+# Runtime calls after which the host waits for the device (a copy to the host is one too).
+HOST_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def print_trace(tracer: torch.profiler.profile, steps: int, to: Path) -> None:
+    """torch.profiler's view of the timed steps: a Chrome trace (chrome://tracing, Perfetto) and
+    a table of the ops and runtime calls by self CPU time, with the host's waits per step."""
+    to.parent.mkdir(parents=True, exist_ok=True)
+    tracer.export_chrome_trace(str(to.with_suffix(".json")))
+    events = tracer.key_averages()
+    waits = {e.key: e.count / steps for e in events if e.key in HOST_WAITS and e.count}
+    copies = sum(e.count for e in events if e.key in ("cudaMemcpyAsync", "cudaMemcpy")) / steps
+    launches = sum(e.count for e in events if e.key.startswith("cudaLaunch")) / steps
+    summary = (
+        f"{to.name}: per step {launches:.1f} kernel launches, {copies:.1f} memcpy calls,"
+        f" host waits {waits or 'none'}"
+    )
+    table = events.table(sort_by="self_cpu_time_total", row_limit=45, max_name_column_width=70)
+    to.with_suffix(".txt").write_text(f"{summary}\n\n{table}\n")
+    print(summary, file=sys.stderr)
+
+
 # ---------------------------------------------------------------------- in the parent process
 
 
@@ -350,6 +385,8 @@ def measure(row: dict[str, Any], side: str, args: argparse.Namespace) -> dict[st
     command += ["--data-root", args.data_root]
     if args.profile:
         command += ["--profile", str(Path(args.profile) / f"{name}.prof")]
+    if args.trace:
+        command += ["--trace", str(Path(args.trace) / f"{name}.trace")]
     done = harness.run_fresh(command, Path(args.logs, f"{name}.log"), cwd=REPO).check(command)
     if (result := done.result()) is None:
         raise RuntimeError(f"{side} on {row['workload']} printed no result: see {done.log}")
@@ -457,6 +494,11 @@ def main() -> None:
         " a .txt per side): where each spends its CPU time per step",
     )  # fmt: skip
     parser.add_argument(
+        "--trace", metavar="DIR",
+        help="torch.profiler (CPU and CUDA) over the timed steps of the bare Lightning and volt"
+        " sides into DIR: a Chrome trace and a table per side, with host waits per step",
+    )  # fmt: skip
+    parser.add_argument(
         "--sides", nargs="+", choices=SIDES, help="measure only these (no table; rows printed)"
     )
     parser.add_argument(
@@ -487,16 +529,17 @@ def main() -> None:
         if args.only and args.only != f"{row['workload']} {row['variant']}":
             continue
         row["overrides"] = [*row["overrides"], *args.extra]
-        sides = ("lightning", "volt") if args.profile else GPT_SIDES if gpt else SIDES
+        traced = args.profile or args.trace
+        sides = ("lightning", "volt") if traced else GPT_SIDES if gpt else SIDES
         results = {side: measure(row, side, args) for side in args.sides or sides}
-        if args.profile or args.sides:
+        if traced or args.sides:
             print(json.dumps({"row": row, "results": results}), flush=True)
             continue
         rows.append(summarise(row, results))
         print(json.dumps(rows[-1]), flush=True)  # a row at a time: a cut-off run keeps its rows
         if args.json:
             harness.save_json(Path(args.json), {"device": harness.device_name(), "rows": rows})
-    if args.profile or args.sides:
+    if args.profile or args.trace or args.sides:
         return
     # The device is asked only now: the parent's CUDA is not started before the first side.
     about = harness.versions() | {"device": harness.device_name()}

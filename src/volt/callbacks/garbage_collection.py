@@ -20,10 +20,11 @@ from lightning.pytorch.callbacks import Callback
 # Every 20th collection takes all generations (every 1,000 steps at the default interval), so
 # that cycles which outlived two young collections are freed too, at the same steps on every
 # rank; so does an epoch's end once the last full collection is `every_n_steps` steps old
-# (objects of an epoch, a data loader's iterator say, go at its end). A full collection walks
-# every object made since start-up (`volt.config.composition` freezes what the imports made):
-# about 12-19 ms in the default digits run on the 2-core CPU, where one at every epoch's end (19
-# steps) cost 0.27 s of its 5 s (2026-11-26).
+# (objects of an epoch, a data loader's iterator say, go at its end). What is alive when training
+# starts (the imports, the model, the data, the trainer, compiled graphs) is frozen then, so a
+# full collection walks only what training made since. Unfrozen, each walked everything: on an
+# H100 with torch 2.11 one took about 340 ms, every 57 steps of the digits run (its epochs are 19
+# steps), and made volt's step 5.8 ms slower than bare Lightning's (issue #40, 2026-11-28).
 FULL_EVERY = 20
 
 
@@ -31,7 +32,8 @@ class GarbageCollection(Callback):
     """Automatic garbage collection off during the fit; generations 0 and 1 collected every
     `every_n_steps` optimizer steps (at global steps that are multiples of it, so at the same
     step on every rank); all of them once as training starts, every FULL_EVERY-th time, and at
-    an epoch's end when the last such collection is at least `every_n_steps` steps old.
+    an epoch's end when the last such collection is at least `every_n_steps` steps old. What is
+    alive as training starts is frozen (`gc.freeze`) until it ends: no collection walks it.
 
     Args:
         every_n_steps: optimizer steps between collections; null: leave Python's automatic
@@ -54,7 +56,11 @@ class GarbageCollection(Callback):
             return
         self._was_enabled = gc.isenabled()
         gc.disable()
+        # What an earlier fit in this process left (a sweep's jobs run one after another) was
+        # frozen with it: unfreeze, free every cycle, then freeze what lives on.
+        gc.unfreeze()
         gc.collect()
+        gc.freeze()
         self._last_step = self._last_full_step = trainer.global_step
 
     def on_train_batch_end(
@@ -89,6 +95,9 @@ class GarbageCollection(Callback):
         self._restore()
 
     def _restore(self) -> None:
+        if self._was_enabled is None:
+            return
+        gc.unfreeze()  # the fit's objects may be garbage from now on (test, the next sweep job)
         if self._was_enabled:
             gc.enable()
         self._was_enabled = None

@@ -72,7 +72,9 @@ def hydra_main(
                     check_command_line(config_name, sys.argv[1:])
                 except ConfigError as error:
                     on_config_error(error)
-            return run_hydra(cfg_passthrough)
+            result = run_hydra(cfg_passthrough)
+            gc.freeze()  # what is left lives until exit (training unfroze its own objects)
+            return result
 
         return main
 
