@@ -71,3 +71,14 @@ class SilentRegressor(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class PlateauRegressor(LitRegressor):
+    """A common slip: ReduceLROnPlateau without the metric it should follow."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
+        }

@@ -198,6 +198,12 @@ CASES: list[tuple[str, list[str], str]] = [
     ("limit batches", ["trainer.limit_val_batches=1.5"], "trainer.limit_val_batches=1.5 is not"),
     ("clip algorithm", ["+trainer.gradient_clip_algorithm=max"], "gradient_clip_algorithm='max'"),
     ("prefetch zero", ["data.prefetch_factor=0"], "data.prefetch_factor=0 is not valid"),
+    # Counts a callback would take and act on wrongly.
+    ("patience negative", ["callbacks.early_stopping.patience=-1"], "patience=-1 is not valid"),
+    ("top k", ["callbacks.model_checkpoint.save_top_k=-2"], "save_top_k=-2 is not valid"),
+    ("gc steps", ["callbacks.garbage_collection.every_n_steps=-5"], "every_n_steps=-5 is not"),
+    # The learning-rate finder cut short by max_epochs: one line, no run directory.
+    ("lr finder cut", ["tune=lr", "trainer.max_epochs=1"], "tune=lr: the learning-rate finder ran"),
     # Only the library can tell: its error in one line, the directory it was made for removed.
     ("refused by Lightning", ["+trainer.max_time=abc"], "Trainer refused its arguments: Misc"),
     # Any error in volt's Hydra callbacks ends the run; Hydra alone would only warn and go on.
@@ -264,7 +270,8 @@ def test_bad_training_input(
 EVAL_CASES: list[tuple[list[str], str]] = [
     (["ckpt_path=missing.ckpt"], "ckpt_path='missing.ckpt' is not valid: use an existing"),
     (["ckpt_path={tmp}"], "is not valid: use an existing checkpoint file"),
-    (["ckpt_path={garbage}"], "cannot be used"),
+    (["ckpt_path={garbage}"], "garbage.ckpt' is not a checkpoint: give a .ckpt file a run wrote"),
+    (["ckpt_path=README.md"], "ckpt_path='README.md' is not a checkpoint"),
     (["ckpt_path={foreign}"], "was not written by volt's training"),
     (["ckpt_path={garbage}", "mode=train"], "mode='train' is not valid: use test or predict"),
     (["ckpt_path={garbage}", "precision=8-true"], "precision='8-true' is not valid"),

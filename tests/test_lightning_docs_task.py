@@ -99,3 +99,25 @@ def test_a_sweep_ranks_by_what_the_module_logs(run_volt: Run, tmp_path: Path) ->
     summary = (tmp_path / "outputs" / "train" / "multiruns" / "s" / "summary.csv").read_text()
     header, *rows = summary.splitlines()
     assert "val_loss_best" in header and len(rows) == 2
+
+
+@pytest.mark.parametrize("traceback", [False, True])
+def test_lightning_refusing_the_module_is_one_line(
+    run_volt: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traceback: bool
+) -> None:
+    """Lightning's MisconfigurationException at the fit's start: one line, exit 2, no run
+    directory; the traceback only with VOLT_TRACEBACK=1, and never Hydra's hint."""
+    if traceback:
+        monkeypatch.setenv("VOLT_TRACEBACK", "1")
+    refused = run_volt([*QUICK, "model=plateau", "name=plateau"])
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "volt: error: MisconfigurationException: `configure_optimizers` must include a monitor"
+        )
+    )
+    assert ("Traceback" in refused.stderr) == traceback
+    assert "HYDRA_FULL_ERROR" not in refused.stderr
+    assert not (tmp_path / "outputs" / "train" / "runs" / "plateau").exists()

@@ -88,3 +88,19 @@ def test_a_run_cut_short_by_max_steps_mid_epoch_ends_and_tests(
     cfg = compose_config("train", [*fast, "trainer.max_steps=3", "logger=none"])
     metrics = train(cfg)
     assert "test/acc" in metrics
+
+
+def test_the_precision_used_is_recorded(
+    compose_config: Callable[..., DictConfig], fast: list[str]
+) -> None:
+    """16-mixed on a CPU runs bf16-mixed (Lightning's choice): the records say what ran."""
+    cfg = compose_config(
+        "train", [*fast, "trainer.max_epochs=1", "precision=16-mixed", "test=false"]
+    )
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU 16-mixed runs as asked")
+    train(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    assert "precision: bf16-mixed" in (run_dir / "config_resolved.yaml").read_text()
+    stored = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert stored["volt_config"]["precision"] == "bf16-mixed"

@@ -113,6 +113,15 @@ def exit_on_config_error(error: Exception) -> NoReturn:
     sys.exit(2)
 
 
+def exit_on_unexpected_error(error: Exception) -> NoReturn:
+    """An error volt did not foresee (a defect, volt's or a library's): its traceback, then its
+    one line, exit status 1. In place of Hydra 1.3's report, which ends in a hint to set
+    HYDRA_FULL_ERROR=1 (VOLT_TRACEBACK=1 is volt's switch, for the errors that are one line)."""
+    traceback.print_exception(error)
+    print(f"volt: error: {one_line(error)}", file=sys.stderr)
+    sys.exit(1)
+
+
 def one_line(error: Exception) -> str:
     """The message of `error` on one line; for a constructor that refused its arguments, the key
     of its section, the callable, and its own error, without Hydra's wrapping."""

@@ -169,8 +169,10 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
             stopper.at("tuning the learning rate")
             lr = find_learning_rate(run.trainer, run.model, run.datamodule, run_dir)
             resolved["model"]["optimizer"]["lr"] = lr
-        if cfg.tune:
-            save_resolved_config(resolved, run_dir)
+        # What ran, where Lightning chose otherwise (16-mixed on a CPU runs bf16-mixed), and what
+        # the finders found: config_resolved.yaml, checkpoints and the hparams tab say so.
+        resolved["precision"] = str(run.trainer.precision)
+        save_resolved_config(resolved, run_dir)
         # The hparams tab lists the run from here on; its final status comes from the
         # metrics.json written inside, or from how the block ends.
         with hparams_session(run.trainer.loggers, resolved, run_dir):

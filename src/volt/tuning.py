@@ -6,15 +6,19 @@ an `lr` or `learning_rate` it can read, or, as volt's tasks have, an `optimizer_
 that this module completes with the value found.
 """
 
+import contextlib
 import functools
 import logging
 import math
-from collections.abc import Sized
+import sys
+from collections.abc import Iterator, Sized
 from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.pytorch.tuner import Tuner
+from lightning.pytorch.tuner import Tuner, lr_finder
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
+
+from volt.errors import ConfigError
 
 log = logging.getLogger("volt")
 DEFAULT_BATCH_TRIALS = 25  # Lightning's own default
@@ -39,7 +43,7 @@ def find_batch_size(
     # module through its trainer, which it has only once the Tuner runs).
     on_data = hasattr(datamodule, "batch_size")
     if not (on_data or lightning_hasattr(model, "batch_size")):
-        raise ValueError(
+        raise ConfigError(
             f"tune=batch_size needs a `batch_size` attribute on {type(datamodule).__name__} or "
             f"{type(model).__name__} (Lightning's finder changes it): add one, or drop tune"
         )
@@ -64,17 +68,21 @@ def find_learning_rate(
 ) -> float:
     """Sweep the learning rate over a short run, take Lightning's suggestion, plot lr_find.png."""
     steps = 100
-    finder = Tuner(trainer).lr_find(
-        model, datamodule=datamodule, update_attr=False, num_training=steps
-    )
-    if finder is not None and len(finder.results.get("lr", [])) < steps:
-        raise RuntimeError(
-            f"the learning-rate finder ran {len(finder.results.get('lr', []))} of its {steps} "
-            "steps (max_epochs ended it): raise trainer.max_epochs, or set model.optimizer.lr"
+    with _finder_bar_where_bars_show(trainer):
+        finder = Tuner(trainer).lr_find(
+            model, datamodule=datamodule, update_attr=False, num_training=steps
+        )
+    ran = len(finder.results.get("lr", [])) if finder is not None else steps
+    # Fewer steps: max_epochs ended the finder, or (Lightning's own early stop) the loss diverged,
+    # after which its suggestion stands.
+    if ran < steps and ran >= (trainer.max_epochs or 0) * trainer.num_training_batches:
+        raise ConfigError(
+            f"tune=lr: the learning-rate finder ran {ran} of its {steps} steps"
+            " (max_epochs ended it): raise trainer.max_epochs, or set model.optimizer.lr"
         )
     suggestion = finder.suggestion() if finder is not None else None
     if finder is None or suggestion is None:
-        raise RuntimeError("the learning-rate finder found no suggestion; run without tune=lr")
+        raise ConfigError("tune=lr: the learning-rate finder found no suggestion; run without tune")
     lr = float(suggestion)
     figure = finder.plot(suggest=True)
     figure.savefig(run_dir / "lr_find.png")  # type: ignore[union-attr]
@@ -83,6 +91,21 @@ def find_learning_rate(
         "learning-rate finder: model.optimizer.lr=%.3g (plot: %s)", lr, run_dir / "lr_find.png"
     )
     return lr
+
+
+@contextlib.contextmanager
+def _finder_bar_where_bars_show(trainer: pl.Trainer) -> Iterator[None]:
+    """Lightning 2.6.6's finder draws a tqdm bar of its own (lr_finder.tqdm), whatever the
+    trainer's progress bar; redrawn into a log file or a pipe, it floods it. Off there, and with
+    the trainer's bar off. Remove once Lightning's finder follows the trainer's bar."""
+    shows = trainer.progress_bar_callback is not None and sys.stderr.isatty()
+    drawn = lr_finder.tqdm
+    if not shows:
+        lr_finder.tqdm = functools.partial(drawn, disable=True)
+    try:
+        yield
+    finally:
+        lr_finder.tqdm = drawn
 
 
 def _use_learning_rate(model: pl.LightningModule, lr: float) -> None:
@@ -96,7 +119,7 @@ def _use_learning_rate(model: pl.LightningModule, lr: float) -> None:
         if lightning_hasattr(model, name):
             setattr(model, name, lr)
             return
-    raise ValueError(
+    raise ConfigError(
         f"tune=lr found lr={lr:.3g} but {type(model).__name__} has no optimizer_factory partial "
         "and no `lr` / `learning_rate` attribute to put it in: add one, or drop tune"
     )

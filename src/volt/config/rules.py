@@ -136,6 +136,86 @@ TRAINER_RULES = (
     ),
 )
 
+
+def _count(key: str, low: int, allowed: str, example: str, or_null: bool = False) -> Rule:
+    return Rule(key, int_from(low, or_null=or_null), allowed, example)
+
+
+# Counts of conf/callbacks/ that a callback would take without complaint and act on wrongly
+# (a negative patience stops at the first validation, a negative count draws nothing).
+CALLBACK_RULES = (
+    _count(
+        "callbacks.early_stopping.patience",
+        0,
+        "an integer >= 0",
+        "callbacks.early_stopping.patience=10",
+    ),
+    Rule(
+        "callbacks.early_stopping.min_delta",
+        lambda v: is_number(v) and v >= 0,
+        "a number >= 0 (task.mode says which way is better)",
+        "callbacks.early_stopping.min_delta=0.001",
+    ),
+    _count(
+        "callbacks.model_checkpoint.save_top_k",
+        -1,
+        "an integer >= 0 (or -1: every one)",
+        "callbacks.model_checkpoint.save_top_k=3",
+    ),
+    _count(
+        "callbacks.last_checkpoint.every_n_train_steps",
+        1,
+        "null or a positive integer",
+        "callbacks.last_checkpoint.every_n_train_steps=500",
+        or_null=True,
+    ),
+    _count(
+        "callbacks.model_summary.max_depth",
+        -1,
+        "an integer >= 0 (or -1: every layer)",
+        "callbacks.model_summary.max_depth=2",
+    ),
+    _count(
+        "callbacks.classification_images.num_samples",
+        1,
+        "a positive integer",
+        "callbacks.classification_images.num_samples=16",
+    ),
+    _count(
+        "callbacks.classification_images.every_n_validations",
+        1,
+        "null or a positive integer",
+        "callbacks.classification_images.every_n_validations=5",
+        or_null=True,
+    ),
+    _count(
+        "callbacks.garbage_collection.every_n_steps",
+        1,
+        "null or a positive integer",
+        "callbacks.garbage_collection.every_n_steps=50",
+        or_null=True,
+    ),
+    _count(
+        "callbacks.gpu_memory.log_every_n_steps",
+        1,
+        "null or a positive integer",
+        "callbacks.gpu_memory.log_every_n_steps=50",
+        or_null=True,
+    ),
+    _count(
+        "callbacks.text_samples.num_samples",
+        1,
+        "a positive integer",
+        "callbacks.text_samples.num_samples=2",
+    ),
+    _count(
+        "callbacks.text_samples.max_new_tokens",
+        1,
+        "a positive integer",
+        "callbacks.text_samples.max_new_tokens=128",
+    ),
+)
+
 LOADER_RULES = (
     Rule(
         "data.on_device",

@@ -11,6 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 from volt.checkpointing import is_sharded_checkpoint
 from volt.config.lightning_flags import check_trainer_flags
 from volt.config.rules import (
+    CALLBACK_RULES,
     LOADER_RULES,
     LOGGER_PACKAGES,
     LOGGERS_EXTRA,
@@ -113,6 +114,7 @@ TRAIN_RULES = (
     Rule("tune", one_of(None, "batch_size", "lr"), "null, batch_size or lr", "tune=lr"),
     *TRAINER_RULES,
     *LOADER_RULES,
+    *CALLBACK_RULES,
 )
 
 
@@ -139,6 +141,7 @@ EVAL_RULES = (
         "accelerator", one_of(*ACCELERATORS), "one of " + ", ".join(ACCELERATORS), "accelerator=cpu"
     ),
     Rule("batch_size", int_from(1, or_null=True), "null or a positive integer", "batch_size=256"),
+    Rule("max_new_tokens", int_from(1), "a positive integer", "max_new_tokens=4096"),
 )
 
 
