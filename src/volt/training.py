@@ -5,6 +5,7 @@ resolved config): both call `train` here, so every rank trains the same thing th
 """
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,8 @@ def _explain_oom(run: TrainingObjects) -> str:
 def _fit_and_test(
     run: TrainingObjects, test: bool, resume_from: Path | None, watch: str, stopper: RunStopper
 ) -> tuple[dict[str, float], str]:
+    if resume_from is not None:
+        say_how_data_resumes(run.datamodule)
     # From the sanity check on, GracefulShutdown answers signals (and saves) until training ends.
     stopper.at("starting the fit (the ranks, setup, compile, the data)")
     run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
@@ -126,6 +129,21 @@ def _fit_and_test(
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
     return metrics, best
+
+
+def say_how_data_resumes(datamodule: pl.LightningDataModule) -> None:
+    """Lightning 2.6.6 warns, on a resume mid-epoch, that a data loader without `state_dict`
+    gives "unreliable results"; a data module that restores its position itself (volt's,
+    through its own state_dict: volt.data.batches) draws the batches an unbroken run would.
+    Then one line says so, in place of that warning."""
+    if not is_overridden("load_state_dict", datamodule, pl.LightningDataModule):
+        return  # Lightning's warning is true for it
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
+    log.info(
+        "%s continues where the checkpoint stopped, mid-epoch too: the batches an unbroken run"
+        " would draw",
+        type(datamodule).__name__,
+    )
 
 
 def tests_at_all(cfg: DictConfig, model: pl.LightningModule) -> bool:
