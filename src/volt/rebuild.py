@@ -45,6 +45,10 @@ from volt.errors import ConfigError
 # rather than stores (a causal mask, rotary tables), and per-tensor overhead.
 EXTRA_BYTES_ALLOWED = 256 * 2**20
 EXTRA_RATIO_ALLOWED = 1.25
+# Sizes a stored model sets that cost time or memory its weights do not show, and their caps
+# (conf/eval.yaml's keys of the same names raise them): a checkpoint's `max_new_tokens: 10**9`
+# would predict for days.
+STORED_CAPS = {"max_new_tokens": 1024}
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,12 @@ def read_stored_run(
     allow_env: Iterable[str],
     data_dir: Path,
     data_overrides: Mapping[str, Any] | None = None,
+    caps: Mapping[str, int] = STORED_CAPS,
 ) -> StoredRun:
     """The checkpoint's model and data sections, checked; `data_overrides` (the command's
     `data_root`, `batch_size`, `prompt`) replace the file's values before the check. With
-    `data_overrides=None` the command brings its own data and the stored one is not read."""
+    `data_overrides=None` the command brings its own data and the stored one is not read.
+    `caps`: the largest value each key of STORED_CAPS may have, wherever the model sets it."""
     path = Path(ckpt_path)
     if path.is_file() and not zipfile.is_zipfile(path):  # what torch.save (and Lightning) write
         raise ConfigError(
@@ -92,6 +98,7 @@ def read_stored_run(
     sections = SECTIONS if data_overrides is not None else ("model",)
     check_stored_sections({"model": model, "data": data}, trusted, allow_env, data_dir, sections)
     assert isinstance(model, dict)  # checked above
+    _check_caps(model, "model", caps)
     check_stored_precision(config.get("precision"))
     channels_last = config.get("channels_last") or config.get("model", {}).get("channels_last")
     if channels_last not in (None, True, False):
@@ -116,9 +123,27 @@ def read_evaluated_run(cfg: DictConfig) -> StoredRun:
     """The checked StoredRun of an eval command's `ckpt_path`, its data as the command changes it
     (or not read at all when the command names its own data)."""
     overrides = None if cfg.get("data") is not None else data_overrides(cfg)
+    caps = {key: cfg[key] for key in STORED_CAPS}
+    data_dir = Path(cfg.paths.data_dir)
     return read_stored_run(
-        cfg.ckpt_path, cfg.trusted_targets, cfg.allow_env, Path(cfg.paths.data_dir), overrides
+        cfg.ckpt_path, cfg.trusted_targets, cfg.allow_env, data_dir, overrides, caps
     )
+
+
+def _check_caps(node: Any, key: str, caps: Mapping[str, int]) -> None:
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            cap = caps.get(name)
+            if cap is not None and isinstance(value, int) and value > cap:
+                raise ConfigError(
+                    f"{key}.{name}={value} is more than {name}={cap} allows: the checkpoint sets"
+                    f" it, and it costs time or memory its weights do not show; add"
+                    f" {name}={value} to the command if you trust the file"
+                )
+            _check_caps(value, f"{key}.{name}", caps)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_caps(value, f"{key}[{i}]", caps)
 
 
 def build_stored_model(

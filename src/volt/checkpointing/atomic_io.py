@@ -27,7 +27,11 @@ from volt.checkpointing.temporaries import (
     remove_dead_writers_temporaries,
     temp_name,
 )
-from volt.checkpointing.tensor_sizes import OversizedTensorError, check_tensor_sizes
+from volt.checkpointing.tensor_sizes import (
+    OversizedTensorError,
+    check_expanded_size,
+    check_tensor_sizes,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -151,6 +155,7 @@ def _load(path: Path, map_location: Any, weights_only: bool) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"Checkpoint file not found: {path}")
     try:
+        check_expanded_size(path)
         checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only)
     except Exception as err:
         # torch.load reports damage through whatever its parser tripped on: RuntimeError (no zip

@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from volt.checkpointing.load_errors import CheckpointLoadError, UnsafeCheckpointError
+from volt.checkpointing.tensor_sizes import bytes_on_disk
 
 METADATA_FILE = ".metadata"
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
@@ -125,10 +126,11 @@ def check_metadata(metadata: Any, folder: Path, metadata_bytes: int) -> Metadata
                 f"{folder}: {index.fqn} lies at bytes {offset:,}-{offset + length:,} of {name},"
                 f" which holds {sizes[name]:,}: a shard is truncated"
             )
-    if declared > sum(sizes.values()):
+    on_disk = sum(bytes_on_disk(folder / name) for name in sizes)
+    if declared > on_disk:
         raise UnsafeCheckpointError(
             f"{folder}: its tensors declare {declared:,} bytes, its shard files hold"
-            f" {sum(sizes.values()):,}: it is truncated or crafted"
+            f" {on_disk:,} on disk: it is truncated or crafted"
         )
     return metadata
 

@@ -50,7 +50,11 @@ from volt.checkpointing.temporaries import (
     remove_temporary,
     temp_name,
 )
-from volt.checkpointing.tensor_sizes import OversizedTensorError, check_tensor_sizes
+from volt.checkpointing.tensor_sizes import (
+    OversizedTensorError,
+    check_expanded_size,
+    check_tensor_sizes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +190,7 @@ def _read_meta(folder: Path, map_location: str) -> dict[str, Any]:
     path = folder / META_FILE
     plain_file_size(folder, META_FILE)
     try:
+        check_expanded_size(path)
         meta = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # as AtomicCheckpointIO reports a single file that does not load
         raise CheckpointLoadError(

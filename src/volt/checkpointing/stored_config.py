@@ -10,7 +10,7 @@ from volt.checkpointing.sharded import (
     read_sharded_outline,
     read_sharded_weights,
 )
-from volt.checkpointing.tensor_sizes import check_tensor_sizes
+from volt.checkpointing.tensor_sizes import check_expanded_size, check_tensor_sizes
 
 CHECKPOINT_KEY = "volt_config"
 
@@ -41,6 +41,7 @@ def read_stored_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, torch.
         return _stored_config(meta, path), weights
     # Mapped, not read: the tensors' bytes stay in the file until something touches them, and
     # their storages are the file's own, so what they claim is checked against what it holds.
+    check_expanded_size(path)
     checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     config = _stored_config(checkpoint, path)
     check_tensor_sizes(checkpoint, path)
@@ -56,6 +57,7 @@ def read_trained_weights(path: Path) -> dict[str, torch.Tensor]:
     """The `state_dict` of a volt checkpoint, file or sharded folder, read with weights_only."""
     if is_sharded_checkpoint(path):
         return read_sharded_weights(path)
+    check_expanded_size(path)
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 

@@ -6,14 +6,21 @@ copies it (an optimiser's `load_state_dict` casts its state; a module's `load_st
 into its weights); storages declared larger than their bytes in the file are read as sized on the
 meta device, where volt compares shapes. Both made a file of kilobytes ask for gigabytes. Honest
 checkpoints hold contiguous tensors whose storages are written whole, so the storages add up to
-less than the file's size.
+less than the file's size. A checkpoint is a zip, and torch.save stores its entries
+uncompressed: a pickle re-zipped with DEFLATE around a 1.5 GB string is a 2.5 MB file that
+torch.load expands whole, so what the entries expand to is checked against the file first.
 """
 
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# What a checkpoint's zip entries may expand to beyond the file's own size (zip headers aside,
+# torch.save's entries take as many bytes in the file as out of it).
+EXPANSION_ALLOWED = 64 * 2**20
 
 
 class OversizedTensorError(ValueError):
@@ -37,11 +44,36 @@ def check_tensor_sizes(checkpoint: Any, path: Path) -> None:
         # would count a tied weight twice: it is checked where the bytes are loaded (or mapped).
         if tensor.device.type != "meta":
             storages[storage.data_ptr()] = storage.nbytes()
-    declared, size = sum(storages.values()), path.stat().st_size
+    declared, size = sum(storages.values()), bytes_on_disk(path)
     if declared > size:
         raise OversizedTensorError(
-            f"{path}: its tensors declare {declared:,} bytes, the file holds {size:,}: it is"
-            " truncated or crafted"
+            f"{path}: its tensors declare {declared:,} bytes, the file holds {size:,} on disk: it"
+            " is truncated or crafted"
+        )
+
+
+def bytes_on_disk(path: Path) -> int:
+    """What `path` really takes on disk, at most its size: its allocated blocks (512 bytes each,
+    whatever the file system's block size). A sparse file (a hole where its tensors should be)
+    has an apparent size of gigabytes and holds nothing, and reading it allocates all of them."""
+    status = path.stat()
+    return min(status.st_size, status.st_blocks * 512)
+
+
+def check_expanded_size(path: Path) -> None:
+    """Raise OversizedTensorError where the entries of the zip at `path` expand to more than
+    the file holds (and EXPANSION_ALLOWED): before torch.load, which reads an entry into a
+    buffer of the size its zip directory declares. A file that is no zip is left to it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            expanded = sum(entry.file_size for entry in archive.infolist())
+    except (zipfile.BadZipFile, OSError):
+        return
+    size = path.stat().st_size
+    if expanded > size + EXPANSION_ALLOWED:
+        raise OversizedTensorError(
+            f"{path}: its entries expand to {expanded:,} bytes from a file of {size:,}:"
+            " torch.save stores them uncompressed, so it is crafted"
         )
 
 

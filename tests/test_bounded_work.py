@@ -1,0 +1,77 @@
+"""Work a handed-over file sets is bounded (issue #41, requirement 2): what a checkpoint's zip
+entries expand to, the bytes a sharded checkpoint really holds on disk, the tokens a stored
+model generates. Each case has a control showing the route with volt's check taken out."""
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import yaml
+
+from volt.checkpointing import AtomicCheckpointIO, CheckpointLoadError, atomic_io, dcp_reading
+from volt.checkpointing.dcp_reading import read_metadata
+from volt.checkpointing.load_errors import UnsafeCheckpointError
+from volt.config import PROJECT_ROOT
+from volt.errors import ConfigError
+from volt.rebuild import STORED_CAPS, _check_caps
+
+EXPANDS_TO = 80 * 2**20  # more than the 64 MiB a file may expand beyond its size
+
+
+def deflated(path: Path) -> Path:
+    """`path` re-zipped with DEFLATE, as the issue's 2.5 MB file around a 1.5 GB string."""
+    crafted = path.with_name("deflated.ckpt")
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(crafted, "w") as target:
+        for entry in source.infolist():
+            target.writestr(entry.filename, source.read(entry), zipfile.ZIP_DEFLATED)
+    return crafted
+
+
+def test_a_pickle_that_expands_far_beyond_its_file_is_refused_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.save({"state_dict": {}, "pad": "a" * EXPANDS_TO}, tmp_path / "plain.ckpt")
+    crafted = deflated(tmp_path / "plain.ckpt")
+    (tmp_path / "plain.ckpt").unlink()
+    assert crafted.stat().st_size < 2**20
+    with pytest.raises(CheckpointLoadError, match="its entries expand to"):
+        AtomicCheckpointIO().load_checkpoint(crafted)
+    # the control: torch.load expands the whole string
+    monkeypatch.setattr(atomic_io, "check_expanded_size", lambda path: None)
+    assert len(AtomicCheckpointIO().load_checkpoint(crafted)["pad"]) == EXPANDS_TO
+
+
+# torch warns that it saves in one process, which is what this test means to do
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+def test_a_sparse_shard_under_large_declared_tensors_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "sharded"
+    dcp.save({"embedding": torch.ones(1024, 1024)}, checkpoint_id=folder, no_dist=True)
+    read_metadata(folder)  # the genuine folder passes
+    (shard,) = folder.glob("*.distcp")
+    size = shard.stat().st_size
+    os.truncate(shard, 0)
+    os.truncate(shard, size)  # the same apparent size, a hole on disk
+    with pytest.raises(UnsafeCheckpointError, match="shard files hold 0 on disk"):
+        read_metadata(folder)
+    # the control: measured by its apparent size, the hole passes for 4 MiB of weights
+    monkeypatch.setattr(dcp_reading, "bytes_on_disk", lambda path: path.stat().st_size)
+    read_metadata(folder)
+
+
+def test_a_stored_generation_length_above_its_cap_is_refused() -> None:
+    model = {"_target_": "volt.models.language_model.LanguageModel", "max_new_tokens": 10**9}
+    with pytest.raises(ConfigError, match=r"model\.max_new_tokens=1000000000 is more than"):
+        _check_caps(model, "model", STORED_CAPS)
+    _check_caps(model, "model", {"max_new_tokens": 10**9})  # raised on the command line
+    # the control: nothing else bounds it; the model generates what it was given
+    _check_caps(model, "model", {})
+
+
+def test_eval_has_a_command_line_key_for_every_cap() -> None:
+    config = yaml.safe_load((PROJECT_ROOT / "conf" / "eval.yaml").read_text())
+    assert {key: config[key] for key in STORED_CAPS} == STORED_CAPS
