@@ -16,7 +16,7 @@ from volt.checkpointing.dcp_reading import read_metadata
 from volt.checkpointing.load_errors import UnsafeCheckpointError
 from volt.config import PROJECT_ROOT
 from volt.errors import ConfigError
-from volt.rebuild import STORED_CAPS, _check_caps
+from volt.rebuild import STORED_CAPS, _check_caps, bound_first_forward
 
 EXPANDS_TO = 80 * 2**20  # more than the 64 MiB a file may expand beyond its size
 
@@ -75,3 +75,19 @@ def test_a_stored_generation_length_above_its_cap_is_refused() -> None:
 def test_eval_has_a_command_line_key_for_every_cap() -> None:
     config = yaml.safe_load((PROJECT_ROOT / "conf" / "eval.yaml").read_text())
     assert {key: config[key] for key in STORED_CAPS} == STORED_CAPS
+
+
+def test_a_layer_whose_first_output_exceeds_the_weights_budget_is_refused_before_it_runs() -> None:
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 1, 3), torch.nn.ZeroPad2d(padding=600))
+    batch = torch.zeros(64, 1, 28, 28)
+    budget = 256 * 2**20
+    bound_first_forward(net, budget)
+    with pytest.raises(ConfigError, match=r"makes 1 \(ZeroPad2d\) an output of 3\d\d MiB"):
+        net(batch)
+    # a net within the budget runs, and the bound is gone after its first forward
+    small = torch.nn.Sequential(torch.nn.Conv2d(1, 1, 3), torch.nn.ZeroPad2d(padding=2))
+    bound_first_forward(small, budget)
+    small(batch)
+    assert not any(m._forward_pre_hooks for m in small.modules())
+    # the control: unbounded, the first forward takes the memory
+    assert torch.nn.ZeroPad2d(padding=600)(batch).nbytes > budget

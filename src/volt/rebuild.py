@@ -171,7 +171,83 @@ def build_stored_model(
             " task=classification (or task=language_model)"
         ) from error
     _check_against_weights(twin, stored.weights)
-    return stored.instantiate(model_cfg)
+    model = stored.instantiate(model_cfg)
+    bound_first_forward(model, _memory_allowed(stored.weights))
+    return model
+
+
+def _memory_allowed(weights: Mapping[str, torch.Tensor]) -> int:
+    stored_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    return int(stored_bytes * EXTRA_RATIO_ALLOWED) + EXTRA_BYTES_ALLOWED
+
+
+def bound_first_forward(model: torch.nn.Module, budget: int) -> None:
+    """Until the first forward through `model` (or a part of it) ends, each layer's output is
+    worked out on the meta device before the layer runs, and one of more than `budget` bytes
+    refused: a layer's arguments size what it makes, not its weights (`ZeroPad2d(2000)` is a
+    24 KB checkpoint and 4.9 GB at its first forward). Later forwards see the same shapes."""
+    names = {module: name or "model" for name, module in model.named_modules()}
+    handles: list[torch.utils.hooks.RemovableHandle] = []
+    depth = 0
+
+    def enter(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        nonlocal depth
+        depth += 1
+        if next(module.children(), None) is None:  # a layer: what its output takes
+            made = _output_bytes(module, args, kwargs)
+            if made > budget:
+                raise ConfigError(
+                    f"model: its first forward makes {names[module]} ({type(module).__name__})"
+                    f" an output of {made / 2**20:,.0f} MiB, more than the {budget / 2**20:,.0f}"
+                    " MiB its weights allow: refused before computing it; a smaller"
+                    " batch_size=... takes less"
+                )
+
+    def leave(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        nonlocal depth
+        depth -= 1
+        if depth == 0:
+            for handle in handles:
+                handle.remove()
+
+    for module in names:
+        handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
+        handles.append(module.register_forward_hook(leave, with_kwargs=True))
+
+
+def _output_bytes(layer: torch.nn.Module, args: Any, kwargs: Any) -> int:
+    """The bytes `layer`'s output takes, from its forward run on the meta device (0 for a layer
+    that does not run there)."""
+    twin = copy.copy(layer)  # its own tensors on meta; forward called directly: no hooks
+    twin.__dict__["_parameters"] = {k: _on_meta(v) for k, v in layer._parameters.items()}
+    twin.__dict__["_buffers"] = {k: _on_meta(v) for k, v in layer._buffers.items()}
+    try:
+        output = twin.forward(*_on_meta(args), **_on_meta(kwargs))
+    except Exception:  # a shape that hangs on the values (nonzero, say) is not measured
+        return 0
+    return _bytes(output)
+
+
+def _on_meta(value: Any) -> Any:
+    if isinstance(value, torch.nn.Parameter):
+        return torch.nn.Parameter(torch.empty_like(value, device="meta"), value.requires_grad)
+    if isinstance(value, torch.Tensor):
+        return torch.empty_like(value, device="meta")
+    if isinstance(value, list | tuple):
+        return type(value)(_on_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_meta(v) for k, v in value.items()}
+    return value
+
+
+def _bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_bytes(v) for v in value.values())
+    return 0
 
 
 def _module_budget(weights: Mapping[str, torch.Tensor]) -> int:
