@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,22 @@ def test_result_names_and_values_from_a_metrics_file_are_text_not_markup(
     out = capsys.readouterr().out
     assert "[red]test/acc[/red]" in out and "0.5000" in out
     assert "'val/loss\\nforged'" in out and "'x'" in out
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_default_run_fits_a_screen_and_verbose_adds_the_config_tree(
+    run_volt: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path, verbose: bool
+) -> None:
+    """The config tree goes to config_tree.txt always, to the console with verbose=true only;
+    Lightning's chatter that concerns no volt user (its cloud tip, a second model summary
+    refused, a test table print_result repeats, a memory monitor idle on a CPU) is not said."""
+    result = run_volt(["trainer.max_epochs=3", "name=quiet", f"verbose={str(verbose).lower()}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    tree = (tmp_path / "outputs" / "train" / "runs" / "quiet" / "config_tree.txt").read_text()
+    assert "model_checkpoint" in tree
+    assert ("model_checkpoint" in said) == verbose
+    for chatter in ("Tip:", "already configured with model summary", "Test metric", "inactive"):
+        assert chatter not in said
+    if not verbose:
+        assert len(said.splitlines()) <= 60, said

@@ -25,7 +25,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ModelSummary
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
@@ -248,6 +248,11 @@ def build_trainer(
         # Without volt's checkpoint callbacks (callbacks=none) Lightning would add its own,
         # writing where neither resume nor eval looks.
         added["enable_checkpointing"] = any(isinstance(c, ModelCheckpoint) for c in callbacks)
+    if cfg.trainer.get("enable_model_summary") is None and any(
+        isinstance(c, ModelSummary) for c in callbacks
+    ):
+        # Lightning 2.6.6 would add its own summary, find volt's, and say so on every run.
+        added["enable_model_summary"] = False
     trainer: pl.Trainer = instantiate_checked(
         cfg.trainer,
         trusted,

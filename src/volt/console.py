@@ -1,4 +1,5 @@
-"""What volt prints: the config tree at start, one line naming the hardware set-up, the result."""
+"""What volt prints: the config tree at start (verbose=true; always in config_tree.txt), one line
+naming the hardware set-up, the result."""
 
 import io
 import logging
@@ -39,7 +40,18 @@ def route_lightning_logs() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _NoAdverts) for f in tips.filters):
+        tips.addFilter(_NoAdverts())
     escape_what_the_console_cannot_print()
+
+
+class _NoAdverts(logging.Filter):
+    """Lightning 2.6.6 logs "💡 Tip: ... try installing litlogger" (and litmodels) on every run
+    that does not use its cloud products, unconditionally; it concerns no volt user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
 
 
 def escape_what_the_console_cannot_print() -> None:
@@ -60,20 +72,27 @@ def silence_known_warnings() -> None:
     warnings.filterwarnings("ignore", message="You passed in a `val_dataloader` but have no `valid")
 
 
-@rank_zero_only
-def print_config_tree(config: Mapping[str, Any], save_to: Path | None = None) -> None:
-    """The resolved config as a tree of its groups, printed and kept in the run directory (values
-    read from the environment as their `${oc.env:...}`, as `prepare_run` hands them over)."""
+def config_tree(config: Mapping[str, Any]) -> Tree:
+    """The resolved config as a tree of its groups (values read from the environment as their
+    `${oc.env:...}`, as `prepare_run` hands them over)."""
     tree = Tree("config", style="dim")
     keys = [k for k in FIRST_GROUPS if k in config] + [k for k in config if k not in FIRST_GROUPS]
     for key in keys:
         value = config[key]
         text = yaml.safe_dump(value, sort_keys=False) if isinstance(value, Mapping) else str(value)
         tree.add(f"[bold]{key}[/bold]").add(Syntax(text, "yaml", theme="ansi_dark"))
+    return tree
+
+
+@rank_zero_only
+def save_config_tree(tree: Tree, path: Path) -> None:
+    with path.open("w", errors="backslashreplace") as f:
+        Console(file=f, width=120).print(tree)
+
+
+@rank_zero_only
+def print_config_tree(tree: Tree) -> None:
     Console().print(tree)
-    if save_to is not None:
-        with save_to.open("w", errors="backslashreplace") as f:
-            Console(file=f, width=120).print(tree)
 
 
 def describe_setup(trainer: pl.Trainer, compile_mode: str | None) -> str:

@@ -61,12 +61,16 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 def test_or_validate(run: TrainingObjects, ckpt_path: str) -> dict[str, float]:
     """The test set's metrics, or the validation set's for a module with no test_step (one line
     says so); neither for a module with no validation_step either."""
-    name = type(run.model).__name__
+    name = type(run.model).__name__  # verbose=False below: print_result shows the metrics once
     if is_overridden("test_step", run.model):
-        results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=ckpt_path)
+        results = run.trainer.test(
+            run.model, datamodule=run.datamodule, ckpt_path=ckpt_path, verbose=False
+        )
     elif is_overridden("validation_step", run.model):
         log.info("%s has no test_step: evaluated on the validation set", name)
-        results = run.trainer.validate(run.model, datamodule=run.datamodule, ckpt_path=ckpt_path)
+        results = run.trainer.validate(
+            run.model, datamodule=run.datamodule, ckpt_path=ckpt_path, verbose=False
+        )
     else:
         log.info("%s has no test_step nor validation_step: nothing to evaluate", name)
         results = []

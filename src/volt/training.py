@@ -21,10 +21,12 @@ from volt.callbacks.watched_metric import WatchedMetricCheck
 from volt.config.redaction import redacted_container
 from volt.config.validation import check_config, check_machine, check_resolves
 from volt.console import (
+    config_tree,
     describe_setup,
     print_config_tree,
     print_result,
     route_lightning_logs,
+    save_config_tree,
     silence_known_warnings,
 )
 from volt.device_report import headline, save_device_report
@@ -58,7 +60,10 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     silence_known_warnings()
     resolved = redacted_container(cfg)
     save_resolved_config(resolved, run_dir)
-    print_config_tree(resolved, save_to=run_dir / "config_tree.txt")
+    tree = config_tree(resolved)
+    save_config_tree(tree, run_dir / "config_tree.txt")
+    if cfg.verbose:
+        print_config_tree(tree)
     if pl.utilities.rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set at import
         report = save_device_report(run_dir)
         log.info(headline(report))
@@ -125,7 +130,10 @@ def _fit_and_test(
         metrics[f"{watch}_best"] = float(score)
     if test and not run.trainer.interrupted and not was_pruned(run.trainer):
         stopper.at("testing, after training ended")
-        results = run.trainer.test(run.model, datamodule=run.datamodule, ckpt_path=best or None)
+        # verbose=False: print_result shows these, once.
+        results = run.trainer.test(
+            run.model, datamodule=run.datamodule, ckpt_path=best or None, verbose=False
+        )
         for result in results:
             metrics.update({k: float(v) for k, v in result.items()})
     return metrics, best

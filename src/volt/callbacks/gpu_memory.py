@@ -56,8 +56,8 @@ class GPUMemoryMonitor(Callback):
         self._devices = self._cuda_devices(trainer)
         self._fit_peaks = {device.index: (0, 0) for device in self._devices}
         self._summary = []
-        if not self._devices and trainer.is_global_zero:
-            log.info(
+        if not self._devices and trainer.is_global_zero:  # the default run on a CPU: no news
+            log.debug(
                 "GPUMemoryMonitor is inactive: training runs on %s, not on a CUDA device.",
                 trainer.strategy.root_device,
             )

@@ -41,9 +41,17 @@ class WatchedMetricCheck(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        # Only on the steps whose logs are written (as volt's own modules log their loss): a
+        # module that logs its loss has logged it there, and the curve is the same.
+        if not trainer._logger_connector.should_update_logs:
+            return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if self.log_loss is None:
-            self.log_loss = not any("loss" in name for name in trainer.callback_metrics)
+            # What training_step logged, on_step or on_epoch: Lightning 2.6.6 keeps it in its
+            # result collection under "training_step.<name>" (callback_metrics holds an
+            # on_epoch value only once the epoch ends).
+            logged = trainer._results.keys() if trainer._results is not None else ()
+            self.log_loss = not any(k.startswith("training_step.") and "loss" in k for k in logged)
             if self.log_loss and isinstance(loss, torch.Tensor):
                 log.info(
                     "%s logs no training loss: volt logs the loss training_step returns as"

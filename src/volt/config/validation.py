@@ -112,6 +112,7 @@ TRAIN_RULES = (
     ),
     Rule("float8", one_of(True, False), "true or false", "float8=true"),
     Rule("tune", one_of(None, "batch_size", "lr"), "null, batch_size or lr", "tune=lr"),
+    Rule("verbose", one_of(True, False), "true or false", "verbose=true"),
     *TRAINER_RULES,
     *LOADER_RULES,
     *CALLBACK_RULES,
