@@ -3,6 +3,10 @@ entries expand to, the bytes a sharded checkpoint really holds on disk, the toke
 model generates. Each case has a control showing the route with volt's check taken out."""
 
 import os
+import signal
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -91,3 +95,73 @@ def test_a_layer_whose_first_output_exceeds_the_weights_budget_is_refused_before
     assert not any(m._forward_pre_hooks for m in small.modules())
     # the control: unbounded, the first forward takes the memory
     assert torch.nn.ZeroPad2d(padding=600)(batch).nbytes > budget
+
+
+# A GPT of two steps whose checkpoint asks for 10**9 new tokens at predict.
+TINY_GPT = [
+    "experiment=gpt_bytes_tiny",
+    "trainer=cpu",
+    "name=gpt",
+    "trainer.max_steps=2",
+    "model.scheduler.max_steps=-1",
+    "data.steps_per_epoch=2",
+    "trainer.limit_val_batches=1",
+    "model.max_new_tokens=1000000000",
+    "callbacks.text_samples=null",
+    "callbacks.progress_bar=null",
+    "logger=none",
+    "test=false",
+]
+
+
+def start_endless_prediction(outputs: Path, *patch: str) -> tuple[subprocess.Popen[str], Path]:
+    """`python -m volt.eval ckpt_path=... mode=predict` of a tiny GPT whose checkpoint asks for
+    10**9 new tokens (the cap raised on the command line), once it predicts; `patch`: Python
+    lines run before volt.eval is imported."""
+    (checkpoint,) = (outputs / "train" / "runs" / "gpt" / "checkpoints").glob("last.ckpt")
+    start = "; ".join(
+        [*patch, "import runpy", "runpy.run_module('volt.eval', run_name='__main__')"]
+    )
+    command = [sys.executable, "-c", start, f"ckpt_path={checkpoint}", "mode=predict"]
+    command += ["max_new_tokens=1000000000", "callbacks=none", f"paths.outputs_dir={outputs}"]
+    process = subprocess.Popen(
+        command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 180
+    while not list(outputs.glob("eval/runs/*/predictions.csv")):
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout
+        time.sleep(0.5)
+    time.sleep(2)  # into the generation loop
+    for each in outputs.glob("eval/runs/*/predictions.csv"):
+        each.unlink()
+    return process, checkpoint
+
+
+@pytest.mark.slow  # trains a tiny GPT, then two predictions of 10**9 tokens: about 2 minutes
+@pytest.mark.timeout(600)
+def test_predict_stops_within_30_s_of_sigterm_with_volts_line(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs"
+    trained = subprocess.run(
+        [sys.executable, "train.py", *TINY_GPT, f"paths.outputs_dir={outputs}"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    process, _ = start_endless_prediction(outputs)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=30)  # the console's lines and stderr's
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    said = " ".join(output.split())  # rich wraps the console's lines
+    assert "Stopped on SIGTERM while evaluating: the same command starts it again" in said
+    # the control: with Lightning's handler alone, the prediction goes on
+    patch = "import contextlib, volt.runs.stop_signals as s"
+    off = "s.stop_on_signals = lambda *a, **k: contextlib.nullcontext(s.RunStopper(None, False))"
+    process, _ = start_endless_prediction(outputs, patch, off)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(30)
+    assert process.poll() is None
+    process.kill()
+    process.communicate()

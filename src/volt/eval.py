@@ -25,6 +25,7 @@ from volt.data.downloads import DataNotFoundError
 from volt.errors import ConfigError
 from volt.rebuild import build_evaluation, read_evaluated_run
 from volt.runs.records import write_metrics
+from volt.runs.stop_signals import stop_on_signals
 
 log = logging.getLogger("volt")
 
@@ -89,7 +90,11 @@ def check_predicts(model: pl.LightningModule) -> None:
 @hydra_main(config_name="eval", on_config_error=exit_on_config_error)
 def main(cfg: DictConfig) -> None:
     try:
-        evaluate(cfg)
+        # SIGTERM and Ctrl+C stop it at once with one line: Lightning's own handler only sets a
+        # flag that test and predict never read (a checkpoint's endless generation ran on).
+        with stop_on_signals(None, named=False) as stopper:
+            stopper.at("evaluating")
+            evaluate(cfg)
     except (ConfigError, DataNotFoundError, InstantiationException) as error:
         # Refused before it evaluated: the run directory Hydra made holds nothing to keep.
         remove_run_dir_made_here(Path(cfg.paths.output_dir))

@@ -29,6 +29,15 @@ TINY = [
 SERVER_START_S = 90
 
 
+@pytest.fixture(autouse=True)
+def own_config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's config folder, where volt keeps the key that stamps tracked runs: one of the
+    test's own (the runs it starts inherit it), never the real home's."""
+    home = tmp_path / "config_home"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    return home
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

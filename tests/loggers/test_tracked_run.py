@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from volt.loggers.tracked_run import tracked_run
+from volt.errors import ConfigError
+from volt.loggers.tracked_run import TrackedRun, tracked_run, user_key
 
 
 def test_a_sweep_job_knows_its_sweep_and_a_single_run_has_none(tmp_path: Path) -> None:
@@ -80,3 +81,38 @@ def test_an_id_alone_counts_only_where_the_tracker_checks_the_run_itself(tmp_pat
     run = tracked_run(str(tmp_path), "x")
     assert run.stored_id("mlflow") is None
     assert run.stored_id("mlflow", unstamped_ok=True) == "0123456789abcdef0123456789abcdef"
+
+
+def test_an_id_naming_this_directory_without_this_users_stamp_is_not_continued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The issue's takeover: the victim's own path, guessable (the same on every machine of a
+    team), beside the attacker's W&B run id."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    forged = f"k3x9a2b1\ndirectory: {run_dir.resolve()}\n"
+    (run_dir / "wandb_run_id.txt").write_text(forged)
+    assert tracked_run(str(run_dir), "x").stored_id("wandb") is None
+    assert "was not written for this run directory" in caplog.text
+    # the control: checked by the path alone, as before, the attacker's run is continued
+    path_only = lambda self, tracker, run_id: f"directory: {self.directory.resolve()}"  # noqa: E731
+    monkeypatch.setattr(TrackedRun, "_stamp", path_only)
+    assert tracked_run(str(run_dir), "x").stored_id("wandb") == "k3x9a2b1"
+
+
+def test_a_stamp_made_with_another_users_key_is_not_continued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tracked_run(str(tmp_path), "x").store_id("wandb", "k3x9a2b1")
+    assert tracked_run(str(tmp_path), "x").stored_id("wandb") == "k3x9a2b1"  # the same user
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "another_users_config"))
+    assert tracked_run(str(tmp_path), "x").stored_id("wandb") is None
+
+
+def test_the_key_is_made_once_for_this_user_alone(tmp_path: Path, own_config_home: Path) -> None:
+    key = user_key()
+    path = own_config_home / "volt" / "run_key"
+    assert path.stat().st_mode & 0o777 == 0o600 and user_key() == key
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match=f"chmod 600 {path}"):
+        user_key()

@@ -43,7 +43,7 @@ CHILDREN_EXIT_S = 5.0
 class RunStopper:
     """Knows where the run is (`at`), and stops it there on a signal."""
 
-    def __init__(self, checkpoints: Path, named: bool) -> None:
+    def __init__(self, checkpoints: Path | None, named: bool) -> None:
         self.checkpoints = checkpoints
         self.named = named
         self.where = "preparing the run"
@@ -64,6 +64,8 @@ class RunStopper:
         log.warning("Stopped on %s while %s%s: %s", name, self.where, how, self.next_time())
 
     def next_time(self) -> str:
+        if self.checkpoints is None:  # eval: it saves nothing
+            return "the same command starts it again"
         if not self.named:
             return "nothing to resume (an unnamed run starts anew; name=... makes runs resumable)"
         if any(self.checkpoints.glob("*.ckpt")):
@@ -80,8 +82,9 @@ class RunStopper:
 
 
 @contextmanager
-def stop_on_signals(checkpoints: Path, named: bool) -> Iterator[RunStopper]:
+def stop_on_signals(checkpoints: Path | None, named: bool) -> Iterator[RunStopper]:
     """SIGTERM and SIGINT stop the run where it is (see the module docstring), in this block;
+    `checkpoints`: where the run saves them, None for one that saves none (eval);
     the handlers before it come back after. Only the main thread can install handlers: in
     another (a test's worker thread) this does nothing."""
     stopper = RunStopper(checkpoints, named)
