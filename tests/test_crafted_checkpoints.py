@@ -28,6 +28,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.checkpoint import FileSystemReader
 
+import volt.console
 import volt.runs.lock
 from tests.named_runs import train_steps
 from volt import eval as volt_eval
@@ -860,3 +861,28 @@ def test_a_sharded_checkpoint_whose_pickle_runs_code_is_refused(
     else:
         torch.load(crafted / part, weights_only=False)
     assert sentinel.exists()
+
+
+# Text of a checkpoint put into the one line eval ends with (issue #41): a terminal escape in a
+# stored key, which would erase the refusal and print a green "passed".
+ERASES_AND_PASSES = "\x1b[1A\x1b[2K\x1b[32mvolt: evaluation passed"
+
+
+def escape_in_a_key(config: dict[str, Any], sentinel: Path) -> None:
+    config["model"][ERASES_AND_PASSES] = {"_target_": "torch.hub.load"}
+
+
+def test_a_terminal_escape_in_a_stored_key_is_escaped_in_the_refusal(
+    run_dir: Path,
+    tmp_path: Path,
+    run_eval: Callable[..., tuple[int, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    crafted, _ = craft(run_dir / "checkpoints" / "last.ckpt", escape_in_a_key, tmp_path)
+    code, err = run_eval([f"ckpt_path={crafted}"])
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("volt: config error: model.\\x1b[1A\\x1b[2K"), err
+    # the control: the refusal as it was, the escape raw on the terminal
+    monkeypatch.setattr(volt.console, "controls_escaped", lambda text: text)
+    code, err = run_eval([f"ckpt_path={crafted}"])
+    assert code == 2 and err.startswith(f"volt: config error: model.{ERASES_AND_PASSES}"), err

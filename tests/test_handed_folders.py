@@ -355,3 +355,19 @@ def test_a_stored_value_no_config_holds_is_refused_in_one_line(
     # the control: what the rebuild did with it next, a traceback
     with pytest.raises(UnsupportedValueType):
         OmegaConf.create(model)
+
+
+def test_the_summary_table_shows_a_jobs_text_escaped_and_as_no_markup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = make_sweep(tmp_path, '- "seed=[red]x\\e[2K"\n')  # \e: YAML's escape character
+    (sweep / "1_seed=2" / ".hydra").mkdir(parents=True)
+    (sweep / "1_seed=2" / ".hydra" / "overrides.yaml").write_text("- seed=2\n")
+    monkeypatch.setenv("COLUMNS", "300")
+    summary.print_sweep_summary(sweep)
+    out = capsys.readouterr().out
+    assert "[red]x\\x1b[2K" in out and "\x1b" not in out, out
+    # the control: the cells as they were, plain strings
+    monkeypatch.setattr(summary, "Text", lambda text: text.replace("\\x1b", "\x1b"))
+    summary.print_sweep_summary(sweep)
+    assert "[red]x" not in capsys.readouterr().out  # read as markup

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from volt.console import escape_what_the_console_cannot_print, exit_on_config_error
 from volt.errors import ConfigError, escaped
@@ -168,10 +169,12 @@ def print_sweep_summary(sweep_dir: Path) -> None:
     ]
     title = f"Sweep summary ({len(rows)} jobs, best {mode} {column} first) -> {sweep_dir}"
     table = Table(title=title)
+    # Names and values come from the jobs' files, which a handed-over sweep folder brings: shown
+    # as text (never rich markup), control characters escaped.
     for name in shown:
-        table.add_column(name, style="bold" if name == column else None)
+        table.add_column(Text(escaped(name)), style="bold" if name == column else None)
     for row in rows:
-        table.add_row(*(row.get(c, "") for c in shown))
+        table.add_row(*(Text(escaped(row.get(c, ""))) for c in shown))
     escape_what_the_console_cannot_print()  # in a sweep's own process, which trains nothing
     console = Console()
     console.print(table)
