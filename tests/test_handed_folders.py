@@ -19,6 +19,8 @@ import volt.console
 import volt.errors
 import volt.folder_files
 import volt.runs.lock
+import volt.runs.records
+from volt.checkpointing import find_latest_valid_checkpoint
 from volt.config import PROJECT_ROOT
 from volt.console import exit_on_config_error
 from volt.errors import ConfigError
@@ -136,6 +138,55 @@ def test_a_fifo_in_a_run_folder_is_refused(name: str, tmp_path: Path) -> None:
         check_folder(tmp_path / "run", "name=run")
 
 
+def test_a_fifo_checkpoint_hangs_the_resume_lookup_without_the_folder_check(
+    tmp_path: Path,
+) -> None:
+    """The control for checkpoints/last.ckpt (train.log: the slow test below): what resume does
+    with it once the folder check is passed over, wait for a writer that never comes."""
+    fifo = tmp_path / "checkpoints" / "last.ckpt"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    looking = read_in_thread(lambda: find_latest_valid_checkpoint(fifo.parent))
+    assert looking.is_alive()
+    release(fifo)
+    looking.join(timeout=10)
+
+
+def train_named(outputs: Path, *patch: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    start = "; ".join([*patch, "import runpy", "runpy.run_path('train.py', run_name='__main__')"])
+    return subprocess.run(
+        [sys.executable, "-c", start, "name=run", "logger=none", f"paths.outputs_dir={outputs}"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_a_fifo_train_log_is_refused_in_one_line(tmp_path: Path) -> None:
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "run"
+    run_dir.mkdir(parents=True)
+    os.mkfifo(run_dir / "train.log")
+    done = train_named(tmp_path / "outputs", timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"volt: config error: name=run: {run_dir / 'train.log'} is a FIFO: volt opens only regular"
+        " files of a run or sweep folder, which may come from someone else; remove it, or use a"
+        " folder volt wrote"
+    ]
+
+
+@pytest.mark.slow  # waits a minute for a run that never starts
+def test_a_fifo_train_log_hangs_the_run_without_the_folder_check(tmp_path: Path) -> None:
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "run"
+    run_dir.mkdir(parents=True)
+    os.mkfifo(run_dir / "train.log")
+    patch = "import volt.folder_files as f", "f.check_folder = lambda *a: None"
+    with pytest.raises(subprocess.TimeoutExpired):
+        train_named(tmp_path / "outputs", *patch, timeout=60)
+
+
 # the logger warns that it will replace what its folder holds: the point of the case
 @pytest.mark.filterwarnings("ignore:Experiment logs directory .* exists and is not empty")
 def test_the_csv_loggers_hparams_file_is_written_through_a_link(
@@ -211,21 +262,36 @@ def test_a_malformed_metrics_file_ends_resume_and_summary_in_one_line(
     assert not (sweep / CSV_FILE).exists()
 
 
-def test_the_old_readers_fail_on_these_files_with_a_traceback() -> None:
-    """The control for the malformed cases: what `json.loads` gives the callers as they were."""
-    with pytest.raises(RecursionError):
-        json.loads("[" * 200_000)
-    with pytest.raises(AttributeError):
-        json.loads("[]").get("status")
+def read_as_before(path: Path, within: Path, limit: int = 0) -> object:
+    return json.loads(path.read_text())
 
 
-def test_a_non_number_metric_is_shown_as_text(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "failure"), [("[]", AttributeError), ("[" * 200_000, RecursionError)]
+)
+def test_the_old_reader_fails_on_these_files_with_a_traceback(
+    text: str, failure: type[Exception], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control for the malformed cases: read as before, the resume's own traceback."""
+    (tmp_path / "metrics.json").write_text(text)
+    monkeypatch.setattr(volt.runs.records, "read_json_object", read_as_before)
+    with pytest.raises(failure):
+        plan_resume(tmp_path, "run", None)
+
+
+def test_a_non_number_metric_is_shown_as_text(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sweep = make_sweep(tmp_path)
     (sweep / "0_seed=1" / "metrics.json").write_text(
         json.dumps({"status": "completed", "metrics": {"val/acc": "\x1b[32mgreat"}})
     )
     (row,) = write_sweep_summary(sweep)
     assert row["val/acc"] == ascii("\x1b[32mgreat")
+    # the control: formatted as a number, as before
+    monkeypatch.setattr(summary, "_number", lambda value: f"{value:.6g}")
+    with pytest.raises(ValueError, match="Unknown format code"):
+        write_sweep_summary(sweep)
 
 
 def sweep_command(outputs: Path, *patch: str) -> list[str]:
