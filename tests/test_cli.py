@@ -45,10 +45,10 @@ def test_multirun_has_one_directory_per_job_and_a_summary(run_volt: Run, tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = only_dir(tmp_path / "outputs" / "train" / "multiruns")
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    # <job number>_<the job's overrides>: a person can tell the jobs apart by name
-    assert [j.split("_", 1)[0] for j in jobs] == ["0", "1", "2", "3"]
-    assert "data.batch_size=32" in jobs[0] and "model.optimizer.lr=0.001" in jobs[0]
-    assert "data.batch_size=64" in jobs[3] and "model.optimizer.lr=0.01" in jobs[3]
+    # <job number>_<what the sweep varies>: a person can tell the jobs apart by name, with
+    # nothing every job shares (trainer.max_epochs=1) in it
+    assert jobs[0] == "0_data.batch_size=32,model.optimizer.lr=0.001"
+    assert jobs[3] == "3_data.batch_size=64,model.optimizer.lr=0.01"
     with (sweep / "summary.csv").open() as f:
         rows = list(csv.DictReader(f))
     best_first = [float(r["val/acc_best"]) for r in rows]
@@ -123,3 +123,36 @@ def test_conf_is_found_from_any_directory(tmp_path: Path) -> None:
     # conf/debug/fdr.yaml was read: one batch of each loop, nothing saved.
     assert "Running in `fast_dev_run` mode" in (run_dir / "train.log").read_text()
     assert not (run_dir / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "args"),
+    [
+        (None, ["model=nope"]),  # an unknown option
+        (None, ["trainer.max_epoch=3"]),  # an unknown key
+        (None, ["+foo.bar=1"]),  # a key added to nothing
+        (None, ["--cfg", "job"]),
+        (None, ["--help"]),
+        ("volt.eval", ["ckpt_path=x", "+foo=1"]),
+        ("volt.eval", ["--help"]),
+    ],
+)
+def test_what_needs_only_the_config_imports_no_torch(
+    module: str | None, args: list[str], tmp_path: Path
+) -> None:
+    """Composition errors, --cfg and --help answer before torch and Lightning are imported
+    (seconds on a small machine): `-X importtime` lists every module the process imported."""
+    command = [sys.executable, "-X", "importtime"]
+    command += ["-m", module] if module else ["train.py"]
+    result = subprocess.run(
+        [*command, *args, f"paths.outputs_dir={tmp_path}"],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines()}
+    assert "hydra" in imported and "volt.config.composition" in imported
+    assert not {"torch", "lightning"} & imported, result.stderr[-2000:]
+    assert not list(tmp_path.iterdir())

@@ -169,7 +169,7 @@ VOLT_FUNCTIONS = [
     "volt.build.instantiate_checked",
     "volt.rebuild.load_trained_module",
     "volt.training.train",
-    "volt.eval.evaluate",
+    "volt.evaluation.evaluate",
     "volt.checkpointing.read_stored_config",
     "volt.console.print_config_tree",
     "volt.runs.records.write_metrics",

@@ -13,8 +13,8 @@ import torch
 from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from volt.eval import evaluate
-from volt.train import train
+from volt.evaluation import evaluate
+from volt.training import train
 
 # The byte-frequency (order-0) entropy of the corpus is 4.54 bits: a model that learnt nothing
 # about context gets no lower.

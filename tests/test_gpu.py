@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from volt import gpu
 from volt.config import PROJECT_ROOT
-from volt.eval import evaluate
+from volt.evaluation import evaluate
 from volt.training import train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -9,8 +9,8 @@ import torch
 from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from volt.eval import evaluate
-from volt.train import train
+from volt.evaluation import evaluate
+from volt.training import train
 
 
 @pytest.fixture

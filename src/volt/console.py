@@ -10,13 +10,14 @@ import traceback
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import lightning.pytorch as pl
-import torch
 import yaml
 from hydra.errors import InstantiationException
-from lightning.pytorch.utilities import rank_zero_only
+
+# Lightning's own rank_zero_only (it sets `.rank` on import), from the package that holds it
+# without importing torch: a composition error reaches exit_on_config_error before either.
+from lightning_utilities.core.rank_zero import rank_zero_only
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
@@ -24,6 +25,9 @@ from rich.text import Text
 from rich.tree import Tree
 
 from volt.errors import ConfigError, controls_escaped, escaped
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
 
 log = logging.getLogger("volt")
 FIRST_GROUPS = ("data", "model", "trainer", "compile", "callbacks", "logger")
@@ -95,7 +99,9 @@ def print_config_tree(tree: Tree) -> None:
     Console().print(tree)
 
 
-def describe_setup(trainer: pl.Trainer, compile_mode: str | None) -> str:
+def describe_setup(trainer: "pl.Trainer", compile_mode: str | None) -> str:
+    import torch  # imported already by then (volt.console is imported before torch)
+
     device = trainer.strategy.root_device
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     return (

@@ -5,33 +5,23 @@ import signal
 import sys
 from pathlib import Path
 
-from hydra.errors import InstantiationException
-from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 from omegaconf import DictConfig
 
-from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.config import in_multirun
 from volt.config.composition import hydra_main
 from volt.config.run_dirs import remove_run_dir_made_here
 from volt.console import exit_on_config_error, exit_on_unexpected_error
-from volt.data.downloads import DataNotFoundError
-from volt.errors import ConfigError, RankFailedError, TrainingOutOfMemoryError
 from volt.metric_names import find_watched
-from volt.training import train
-
-# What a user can cause and fix: one line, exit status 2 (volt.console.exit_on_config_error).
-USER_ERRORS = (
-    ConfigError,
-    DataNotFoundError,
-    InstantiationException,
-    MisconfigurationException,
-    TrainingOutOfMemoryError,
-    NonFiniteLossError,
-)
 
 
 @hydra_main(config_name="train", on_config_error=exit_on_config_error)
 def main(cfg: DictConfig) -> float | None:
+    # Imported once the config composed: torch and Lightning take seconds to import, which a
+    # composition error, --cfg and --help do not wait for.
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from volt.training import is_user_caused, train
+
     try:
         metrics = train(cfg)
     except SIGTERMException:
@@ -44,11 +34,7 @@ def main(cfg: DictConfig) -> float | None:
         run_dir = Path(cfg.paths.output_dir)
         if not any(run_dir.glob("checkpoints/*")):  # nothing trained: nothing to keep
             remove_run_dir_made_here(run_dir)
-        # Another rank's error written for the user (its out-of-memory) is one line too.
-        user_caused = isinstance(error, USER_ERRORS) or (
-            isinstance(error, RankFailedError) and error.user_facing
-        )
-        if user_caused:
+        if is_user_caused(error):
             exit_on_config_error(error)
         exit_on_unexpected_error(error)
     # What a sweeper optimises: the watched metric's best value, else its last (under the name

@@ -11,12 +11,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from hydra.errors import InstantiationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig
 
 from volt.build import TrainingObjects, build_training
+from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.callbacks.watched_metric import WatchedMetricCheck
 from volt.config.redaction import redacted_container
 from volt.config.validation import check_config, check_machine, check_resolves
@@ -29,8 +32,9 @@ from volt.console import (
     save_config_tree,
     silence_known_warnings,
 )
+from volt.data.downloads import DataNotFoundError
 from volt.device_report import headline, save_device_report
-from volt.errors import TrainingOutOfMemoryError
+from volt.errors import ConfigError, RankFailedError, TrainingOutOfMemoryError
 from volt.gpu import apply_matmul_precision, explain_oom
 from volt.metric_names import is_recorded
 from volt.runs import (
@@ -46,6 +50,24 @@ from volt.sweeps.pruning import was_pruned
 from volt.tuning import find_batch_size, find_learning_rate
 
 log = logging.getLogger("volt")
+
+
+# What a user can cause and fix: one line, exit status 2 (volt.console.exit_on_config_error).
+USER_ERRORS = (
+    ConfigError,
+    DataNotFoundError,
+    InstantiationException,
+    MisconfigurationException,
+    TrainingOutOfMemoryError,
+    NonFiniteLossError,
+)
+
+
+def is_user_caused(error: Exception) -> bool:
+    # Another rank's error written for the user (its out-of-memory) is one line too.
+    return isinstance(error, USER_ERRORS) or (
+        isinstance(error, RankFailedError) and error.user_facing
+    )
 
 
 def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:

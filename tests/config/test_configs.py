@@ -21,7 +21,7 @@ from volt.config import CONF_DIR
 from volt.config.keys import check_target_arguments
 from volt.config.validation import check_config, check_resolves
 from volt.errors import ConfigError
-from volt.eval import evaluate
+from volt.evaluation import evaluate
 from volt.training import train
 
 Compose = Callable[..., DictConfig]

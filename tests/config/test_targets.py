@@ -67,7 +67,7 @@ REFUSED: list[tuple[str, Any, str, str]] = [
     # config naming one would hand them its own (issue #31).
     ("volt's build", {"m": {"_target_": "volt.build.build_model"}}, "m:", "never buildable"),
     ("volt's training", {"m": {"_target_": "volt.training.train"}}, "m:", "never buildable"),
-    ("volt's eval", {"m": {"_target_": "volt.eval.evaluate"}}, "m:", "never buildable"),
+    ("volt's eval", {"m": {"_target_": "volt.evaluation.evaluate"}}, "m:", "never buildable"),
     (
         "volt's rebuild",
         {"m": {"_target_": "volt.rebuild.load_trained_module"}},

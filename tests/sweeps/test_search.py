@@ -48,7 +48,7 @@ class FakeLauncher:
         self.launches.append((jobs, first))
         results = []
         for number, job in enumerate(jobs, start=first):
-            assert f"++hydra.job.env_set.{TRIAL_VARIABLE}={number}" in job
+            assert f"hydra.job.env_set.{TRIAL_VARIABLE}={number}" in job
             assert job[-1].startswith(f"hydra.sweep.subdir='{number}_")
             lr = next(float(o.split("=")[1]) for o in job if o.startswith("model.optimizer.lr="))
             status = JobStatus.FAILED if number in self.fail else JobStatus.COMPLETED

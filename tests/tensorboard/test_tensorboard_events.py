@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import api_pb2, metadata
 
-from volt.train import train
+from volt.training import train
 
 EPOCHS, BATCHES = 2, 6
 SHORT = [

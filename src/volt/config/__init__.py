@@ -94,6 +94,19 @@ def rank_log_suffix() -> str:
     return f"_rank{rank}" if rank else ""
 
 
+# Where volt.config.composition leaves the keys a command line's sweep varies, for job_dirname.
+SWEPT_KEYS = "VOLT_SWEPT_KEYS"
+
+
+def job_dirname(overrides: Any, every: str) -> str:
+    """A sweep job's directory name: its overrides of the keys the sweep varies (`lr=0.01`), not
+    those every job shares; `every` (Hydra's override_dirname, all but the run-neutral ones)
+    where the sweep varies none on the command line (a search's sweeper names its own)."""
+    swept = set(filter(None, os.environ.get(SWEPT_KEYS, "").split(",")))
+    varied = sorted(str(o) for o in overrides if str(o).lstrip("+~").partition("=")[0] in swept)
+    return ",".join(varied) or every
+
+
 # OmegaConf 2.4 deprecates register_new_resolver (a multi-line UserWarning at every call) in
 # favour of register_resolver, a name that 2.3 still gives to its legacy API (string arguments
 # only, no `replace` or `use_cache`, deprecated there): so the choice goes by what the function
@@ -120,6 +133,8 @@ register_resolver("volt.devices_per_node", devices_per_node)
 register_resolver("volt.rank_log_suffix", rank_log_suffix)
 # `val/acc` -> `val_acc`: a metric's name inside a file name (the best checkpoint's).
 register_resolver("volt.slug", lambda name: str(name).replace("/", "_"))
+# A sweep job's directory name: conf/hydra/default.yaml.
+register_resolver("volt.job_dirname", job_dirname)
 # task.mode (max|min) -> an Optuna study direction.
 register_resolver("volt.direction", lambda mode: {"max": "maximize", "min": "minimize"}[mode])
 

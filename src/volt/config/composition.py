@@ -18,6 +18,7 @@ import argparse
 import difflib
 import functools
 import gc
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -37,8 +38,9 @@ from hydra.types import RunMode, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from volt.config import CONF_DIR
+from volt.config import CONF_DIR, SWEPT_KEYS
 from volt.config.execution_whitelist import main_whitelist
+from volt.config.keys import check_added_keys
 from volt.errors import ConfigError
 
 # hydra-core 1.3 needs version_base="1.3" (without it, it warns and behaves as 1.1); 1.4 (seen:
@@ -69,9 +71,12 @@ def hydra_main(
             gc.freeze()
             if cfg_passthrough is None:  # a config handed in was composed already
                 try:
-                    check_command_line(config_name, sys.argv[1:])
+                    swept = check_command_line(config_name, sys.argv[1:])
                 except ConfigError as error:
                     on_config_error(error)
+                # Sweep jobs' directories are named by these (volt.config.job_dirname); the
+                # environment reaches jobs that a launcher runs in processes of their own.
+                os.environ[SWEPT_KEYS] = ",".join(swept)
             result = run_hydra(cfg_passthrough)
             gc.freeze()  # what is left lives until exit (training unfroze its own objects)
             return result
@@ -81,21 +86,27 @@ def hydra_main(
     return decorate
 
 
-def check_command_line(config_name: str, argv: list[str]) -> None:
+def check_command_line(config_name: str, argv: list[str]) -> list[str]:
     """Compose the config that `argv` asks Hydra for (each job's, for a multirun); a ConfigError
-    names the override at fault. What else Hydra does (`_left_to_hydra`) is Hydra's to report."""
+    names the override at fault. What else Hydra does (`_left_to_hydra`) is Hydra's to report.
+    Returns the keys a sweep on the command line varies (`model.optimizer.lr=1e-3,1e-2`)."""
     args = get_args_parser().parse_args(argv)
     if _left_to_hydra(args):
-        return
+        return []
     name = args.config_name or config_name
     with initialize_config_dir(config_dir=str(CONF_DIR), **VERSION_BASE):
         loader = GlobalHydra.instance().config_loader()
         overrides = [_parsed(line, loader) for line in args.overrides]
         configs = [_composed(name, overrides, lines) for lines in _jobs(overrides, loader)]
+        # Here too, not only in volt's Hydra callback: a key added to nothing (`+foo=1`) is
+        # refused before torch is imported. A key of a `_target_` section imports its target.
+        for composed in configs:
+            check_added_keys(composed)
     sweeps = [o for o in overrides if o.is_sweep_override()]
     # Hydra runs a sweep without -m where the config asks for it (hparams_search sets hydra.mode).
     if sweeps and not args.multirun and configs and configs[0].hydra.mode != RunMode.MULTIRUN:
         raise ConfigError(_needs_multirun(sweeps[0]))
+    return [o.key_or_group for o in sweeps]
 
 
 def _left_to_hydra(args: argparse.Namespace) -> bool:

@@ -201,9 +201,9 @@ def _compose_without(cfg: DictConfig, added: list[Override]) -> DictConfig:
     overrides = [o for o in typed_overrides(cfg) if o not in lines]
     overrides += list(cfg.hydra.overrides.hydra)
     loader = GlobalHydra.instance().config_loader()
-    return loader.load_configuration(
-        str(cfg.hydra.job.config_name), overrides, run_mode=RunMode(cfg.hydra.mode)
-    )
+    # Unset (None) where a job's config was composed without Hydra's run (volt.config.composition).
+    mode = RunMode.RUN if cfg.hydra.mode is None else RunMode(cfg.hydra.mode)
+    return loader.load_configuration(str(cfg.hydra.job.config_name), overrides, run_mode=mode)
 
 
 def _check_in(reference: DictConfig, key: str, config_name: str, trusted: Any) -> None:

@@ -3,7 +3,9 @@ read from the study in the sweep directory (finished trials as dots, pruned ones
 at their last reported value)."""
 
 import io
+import math
 from pathlib import Path
+from typing import Any
 
 from volt.folder_files import write_replacing
 from volt.sweeps.pruning import JOURNAL_FILE, open_journal
@@ -48,7 +50,7 @@ def plot_search(sweep_dir: Path) -> Path | None:
             axis.set_xticks(range(len(distribution.choices)))
             axis.set_xticklabels([str(c) for c in distribution.choices])
         elif getattr(distribution, "log", False):
-            axis.set_xscale("log")
+            label_log_axis(axis)
         axis.set_xlabel(name)
         axis.set_ylabel(objective)
         axis.grid(alpha=0.3)
@@ -61,3 +63,18 @@ def plot_search(sweep_dir: Path) -> Path | None:
     plt.close(figure)
     write_replacing(path, sweep_dir, image.getvalue())  # a link at search.png is not followed
     return path
+
+
+def label_log_axis(axis: Any) -> None:
+    """A log x axis labelled at each decade (at 1, 2 and 5 of it over a short range), as `2e-04`,
+    slanted; matplotlib's default labels minor ticks too where the range spans less than about
+    two decades (a learning rate's usual range), and those ran into each other."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_xscale("log")
+    low, high = axis.get_xlim()
+    subs = (1.0, 2.0, 5.0) if math.log10(high / low) < 1.5 else (1.0,)  # as room allows
+    axis.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0e}"))
+    axis.xaxis.set_minor_formatter(NullFormatter())
+    axis.tick_params(axis="x", labelrotation=45)

@@ -220,7 +220,9 @@ class Search:
         jobs = [
             [
                 *self.space.overrides(t.params),
-                f"++hydra.job.env_set.{TRIAL_VARIABLE}={t.number}",
+                # Set in conf/hydra/default.yaml, so a plain override: Hydra's launcher leaves
+                # hydra.* out of the jobs it lists, where ++hydra... showed.
+                f"hydra.job.env_set.{TRIAL_VARIABLE}={t.number}",
                 f"hydra.sweep.subdir='{job_dir_name(t.number, t.params)}'",
             ]
             for t in trials

@@ -177,6 +177,13 @@ def print_sweep_summary(sweep_dir: Path) -> None:
         table.add_row(*(Text(escaped(row.get(c, ""))) for c in shown))
     escape_what_the_console_cannot_print()  # in a sweep's own process, which trains nothing
     console = Console()
+    if not console.is_terminal:  # a log file or a pipe: as wide as the table, no cell cut short
+        console = Console(
+            width=max(
+                console.width,
+                console.measure(table, options=console.options.update_width(10_000)).maximum,
+            )
+        )
     console.print(table)
     files = [sweep_dir / CSV_FILE, sweep_dir / MARKDOWN_FILE, *([plot] if plot else [])]
     console.print("Written: " + ", ".join(str(f) for f in files))

@@ -1,0 +1,41 @@
+"""search.png's axes: the labels of a learning rate's log axis stay apart."""
+
+import itertools
+
+import pytest
+
+from volt.sweeps.plots import label_log_axis
+
+
+def shown_labels(axis: object) -> list[object]:
+    ticks = [*axis.xaxis.get_major_ticks(), *axis.xaxis.get_minor_ticks()]  # type: ignore[attr-defined]
+    low, high = axis.get_xlim()  # type: ignore[attr-defined]
+    return [
+        t.label1
+        for t in ticks
+        if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high
+    ]
+
+
+@pytest.mark.parametrize(("low", "high"), [(1e-4, 3e-2), (3e-4, 2e-3), (1e-5, 1e-1)])
+def test_log_axis_labels_do_not_overlap(low: float, high: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(4, 3.5))  # one panel of search.png
+    axis.scatter([low, (low * high) ** 0.5, high], [0.9, 0.95, 0.93])
+    label_log_axis(axis)
+    figure.tight_layout()
+    figure.canvas.draw()
+    labels = shown_labels(axis)
+    assert len(labels) >= 2, [t.get_text() for t in labels]
+    boxes = [t.get_window_extent() for t in labels]
+    overlapping = [
+        (a.get_text(), b.get_text())
+        for (a, box_a), (b, box_b) in itertools.combinations(zip(labels, boxes, strict=True), 2)
+        if box_a.overlaps(box_b)
+    ]
+    plt.close(figure)
+    assert not overlapping
