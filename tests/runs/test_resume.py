@@ -88,6 +88,12 @@ def test_killed_and_resumed_equals_uninterrupted(kill_at_steps: list[int], tmp_p
     # Lightning's "dataloader is not resumable ... unreliable results" is not true of volt's data.
     assert "not resumable" not in log
     said = (outputs / "train" / "runs" / "interrupted" / "train.log").read_text()
+    # run.json keeps each killed attempt's record, oldest first, beside this one's outcome (one
+    # killed at once may have written none).
+    record = json.loads((outputs / "train" / "runs" / "interrupted" / "run.json").read_text())
+    assert record["status"] == "completed"
+    attempts = [a["status"] for a in record["attempts"]]
+    assert attempts == ["running"] * len(attempts) and 1 <= len(attempts) <= len(kill_at_steps)
     assert "DigitsDataModule continues where the checkpoint stopped, mid-epoch too" in said
     reference, resumed = final_state(outputs, "reference"), final_state(outputs, "interrupted")
     assert reference.keys() == resumed.keys()

@@ -144,6 +144,16 @@ def end_open_records(status: str, **details: Any) -> None:
         write_replacing(path, path.parent, json.dumps(record, indent=2) + "\n")
 
 
+def _earlier_attempts(path: Path, run_dir: Path) -> list[Any]:
+    """A resumed run's earlier records, oldest first: each attempt's command, start, end and how
+    it ended (a killed one's still says running), so that resuming loses none of them."""
+    if not os.path.lexists(path):
+        return []
+    previous = read_json_object(path, run_dir)
+    attempts = previous.pop("attempts", [])
+    return [*(attempts if isinstance(attempts, list) else [attempts]), previous]
+
+
 @contextmanager
 def run_record(run_dir: Path) -> Iterator[None]:
     """run.json: command line, git commit, start/end time and how the run ended; beside it the
@@ -166,6 +176,9 @@ def run_record(run_dir: Path) -> Iterator[None]:
         write_replacing(run_dir / "git.diff", run_dir, diff.encode("utf-8", "surrogateescape"))
     write_replacing(run_dir / "packages.txt", run_dir, "\n".join(installed_packages()) + "\n")
     path = run_dir / "run.json"
+    earlier = _earlier_attempts(path, run_dir)
+    if earlier:
+        record["attempts"] = earlier
     write_replacing(path, run_dir, json.dumps(record, indent=2) + "\n")
     _open_records[path] = record
     try:
