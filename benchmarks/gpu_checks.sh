@@ -69,24 +69,28 @@ case ${1:-tests} in
     cp /tmp/gpu-sweeps/*.log "$out/" 2>/dev/null
     ;;
   trace)  # issue #40: where volt's step goes beside bare Lightning's, for one perf.py row
-          # (ROW="digits 32-true" or "cifar10_resnet bf16-mixed + CUDA graphs"): torch.profiler
-          # traces of 20 steps, the host's waits, then volt with each default callback left out
-    row=${ROW:-digits 32-true}; tag=$(echo "$row" | tr -c 'a-z0-9\n' _)
+          # (ROW="digits 32-true" or "cifar10_resnet bf16-mixed + CUDA graphs"): bare Lightning
+          # and volt, volt with each default callback left out, then cProfile and torch.profiler
+          # traces and the host's waits. Each result is appended to $out/trace_<row>.txt as it
+          # comes (a pipe's buffer lost all of them when a timeout struck, 2026-11-28).
+    row=${ROW:-digits 32-true}; tag=$(echo "$row" | tr -c 'a-z0-9\n' _); txt="$out/trace_$tag.txt"
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
     perf() { timeout -k 10 "${SIDE_TIMEOUT:-300}" python benchmarks/perf.py --data-root /tmp/data --only "$row" "$@" 2>>"$out/trace_$tag.err"; }
     ms() { python -c 'import json,sys,statistics as s
 for line in filter(lambda line: line.startswith("{"), sys.stdin):
     for side, r in json.loads(line)["results"].items():
         ms = r["ms"]; print(f"  {side}: {s.median(ms):.3f} ms/step, windows {[round(m, 3) for m in ms]}")'; }
-    perf --steps 20 --repeats 1 --trace "$out/trace_$tag" > /dev/null
-    grep -h "per step" "$out/trace_$tag.err"
-    perf --find-syncs --steps 20
-    echo "$row, all sides:"; perf --sides lightning volt | ms
+    say() { echo "$@" | tee -a "$txt"; }
+    say "$row, both sides:"; perf --sides lightning volt | ms | tee -a "$txt"
     for part in ${PARTS:-model_summary progress_bar lr_monitor gpu_memory throughput grad_norm finite_guard graceful_shutdown garbage_collection}; do
-      echo "volt less callbacks.$part:"; perf --sides volt --extra "callbacks.$part=null" | ms
+      say "volt less callbacks.$part:"; perf --sides volt --extra "callbacks.$part=null" | ms | tee -a "$txt"
     done
-    echo "volt less its logger:"; perf --sides volt --extra logger=none | ms
-    echo "volt less every callback and its logger:"; perf --sides volt --extra callbacks=none logger=none | ms
+    say "volt less its logger:"; perf --sides volt --extra logger=none | ms | tee -a "$txt"
+    say "volt less every callback and its logger:"; perf --sides volt --extra callbacks=none logger=none | ms | tee -a "$txt"
+    perf --find-syncs --steps 20 | tee -a "$txt"
+    perf --profile "$out/profile_$tag" > /dev/null
+    perf --steps 20 --repeats 1 --trace "$out/trace_$tag" > /dev/null
+    head -qn 1 "$out/profile_$tag"/*.txt "$out/trace_$tag"/*.txt | tee -a "$txt"
     ;;
   syncs)  # where volt's configured training steps make the CPU wait for the GPU
     python benchmarks/perf.py --steps 20 --find-syncs 2>&1 | grep --line-buffered -vi warn \
