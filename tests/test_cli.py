@@ -156,3 +156,18 @@ def test_what_needs_only_the_config_imports_no_torch(
     assert "hydra" in imported and "volt.config.composition" in imported
     assert not {"torch", "lightning"} & imported, result.stderr[-2000:]
     assert not list(tmp_path.iterdir())
+
+
+def test_eval_and_predict_say_nothing_that_does_not_concern_the_user(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    trained = run_volt(["trainer.max_epochs=1", "name=t", "callbacks.progress_bar=null"])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    last = tmp_path / "outputs" / "train" / "runs" / "t" / "checkpoints" / "last.ckpt"
+    predicted = run_volt([f"ckpt_path={last}", "mode=predict"], module="volt.eval")
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    said = predicted.stdout + predicted.stderr
+    # The training callbacks' states eval has no use for, its loader's indices, a torch API
+    # Lightning calls: none of the user's business.
+    for chatter in ("not restoring", "Couldn't infer the batch indices", "LeafSpec", "Test metric"):
+        assert chatter not in said

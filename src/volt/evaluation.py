@@ -33,6 +33,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     # Lightning 2.6 warns that the checkpoint's training callbacks (checkpointing, early stopping)
     # are absent: evaluation needs none of them, so the warning only misleads here.
     warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`, callbacks")
+    # Lightning 2.6.6 warns when a loader's sampler does not tell each batch's sample indices
+    # (volt's ImageBatches): the CSVPredictionWriter then counts the rows, in the predict
+    # loader's fixed order, which gives the same indices.
+    warnings.filterwarnings("ignore", message="Couldn't infer the batch indices fetched from")
     run = build_evaluation(cfg, stored)
     if cfg.mode == "predict":
         check_predicts(run.model)

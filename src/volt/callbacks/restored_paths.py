@@ -44,12 +44,16 @@ class RestoredPathsCheck(Callback):
             return
         dirpaths = [getattr(callback, "dirpath", None) for callback in trainer.checkpoint_callbacks]
         folders = [Path(dirpath).resolve() for dirpath in dirpaths if dirpath]
+        # A state no callback here takes (eval's, which has no checkpoint callback) is dropped
+        # without a word: nothing starts afresh.
+        taken = {callback.state_key for callback in trainer.callbacks}  # type: ignore[attr-defined]
         for key in list(states):
             outside = next(_places_outside(states[key], folders, key=""), None)
             if outside is not None:
                 del states[key]
                 where = ", ".join(map(str, folders)) or "none: no checkpoint callback"
-                log.warning(
+                log.log(
+                    logging.WARNING if key in taken else logging.DEBUG,
                     "not restoring %s from the checkpoint: its state names %r, outside the run's"
                     " checkpoint folder (%s); it starts afresh",
                     escaped(key),  # a crafted key forges no log line
