@@ -41,11 +41,13 @@ def victim(tmp_path: Path) -> Path:
     return victim
 
 
-def make_sweep(root: Path, overrides: str = "- seed=1\n", name: str = "sweep") -> Path:
+def make_sweep(
+    root: Path, overrides: str = "- seed=1\n", name: str = "sweep", job: str = "0_seed=1"
+) -> Path:
     sweep = root / name
-    (sweep / "0_seed=1" / ".hydra").mkdir(parents=True)
-    (sweep / "0_seed=1" / ".hydra" / "overrides.yaml").write_text(overrides)
-    (sweep / "0_seed=1" / "metrics.json").write_text('{"status": "completed", "metrics": {}}')
+    (sweep / job / ".hydra").mkdir(parents=True)
+    (sweep / job / ".hydra" / "overrides.yaml").write_text(overrides)
+    (sweep / job / "metrics.json").write_text('{"status": "completed", "metrics": {}}')
     return sweep
 
 
@@ -294,6 +296,11 @@ def test_a_non_number_metric_is_shown_as_text(
         write_sweep_summary(sweep)
 
 
+# The folder Hydra gives the job of sweep_command: named by the overrides that are not excluded
+# from it (conf/hydra/default.yaml).
+SWEEP_JOB = "0_logger=none,seed=1,test=False,trainer.limit_val_batches=1"
+
+
 def sweep_command(outputs: Path, *patch: str) -> list[str]:
     """`python train.py -m name=sw seed=1 ...`, after `patch` (Python lines) ran in the process."""
     start = "; ".join([*patch, "import runpy", "runpy.run_path('train.py', run_name='__main__')"])
@@ -329,8 +336,8 @@ def test_continuing_a_named_sweep_with_a_linked_job_file_is_refused(
     tmp_path: Path, victim: Path
 ) -> None:
     outputs = tmp_path / "outputs"
-    sweep = make_sweep(outputs / "train" / "multiruns", name="sw")
-    (sweep / "0_seed=1" / ".hydra" / "config.yaml").symlink_to(victim)
+    sweep = make_sweep(outputs / "train" / "multiruns", name="sw", job=SWEEP_JOB)
+    (sweep / SWEEP_JOB / ".hydra" / "config.yaml").symlink_to(victim)
     done = continue_sweep(outputs)
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1].startswith("volt: config error: name=sw: ")
@@ -342,8 +349,8 @@ def test_continuing_a_named_sweep_writes_through_a_link_without_the_check(
     tmp_path: Path, victim: Path
 ) -> None:
     outputs = tmp_path / "outputs"
-    sweep = make_sweep(outputs / "train" / "multiruns", name="sw")
-    (sweep / "0_seed=1" / ".hydra" / "config.yaml").symlink_to(victim)
+    sweep = make_sweep(outputs / "train" / "multiruns", name="sw", job=SWEEP_JOB)
+    (sweep / SWEEP_JOB / ".hydra" / "config.yaml").symlink_to(victim)
     patch = "import volt.folder_files as f", "f.check_folder = lambda *a: None"
     continue_sweep(outputs, *patch)
     assert victim.read_text() != "a user's file\n"  # Hydra wrote the job's config there
