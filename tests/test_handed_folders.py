@@ -5,6 +5,7 @@ shows the route firing with volt's check taken out, so each case can fail."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -444,3 +445,16 @@ def test_the_summary_table_shows_a_jobs_text_escaped_and_as_no_markup(
     monkeypatch.setattr(summary, "Text", lambda text: text.replace("\\x1b", "\x1b"))
     summary.print_sweep_summary(sweep)
     assert "[red]x" not in capsys.readouterr().out  # read as markup
+
+
+def test_wandbs_own_links_are_left_but_a_wandb_folder_that_is_a_link_out_is_refused(
+    tmp_path: Path, victim: Path
+) -> None:
+    job = make_sweep(tmp_path) / "0_seed=1"
+    (job / "wandb" / "run-1" / "logs").mkdir(parents=True)
+    (job / "wandb" / "run-1" / "logs" / "core.log").symlink_to(tmp_path / "cache.log")
+    check_folder(job.parent, "name=s")  # W&B links its logs to its cache: W&B's business
+    shutil.rmtree(job / "wandb")
+    (job / "wandb").symlink_to(victim.parent)
+    with pytest.raises(FolderFileError, match=f"{job / 'wandb'} is a symbolic link to"):
+        check_folder(job.parent, "name=s")

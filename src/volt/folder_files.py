@@ -145,9 +145,8 @@ def check_folder(directory: Path, key: str) -> None:
 
 def _entries(directory: Path) -> Iterator[Path]:
     for folder, folders, files in os.walk(directory):  # links to folders are not entered
-        here = Path(folder)
-        folders[:] = [f for f in folders if not (here == directory and f in LIBRARY_FOLDERS)]
-        yield from (here / name for name in (*folders, *files))
+        yield from (Path(folder) / name for name in (*folders, *files))
+        folders[:] = [f for f in folders if f not in LIBRARY_FOLDERS]  # a sweep job's too
 
 
 def _refuse_linked_parents(path: Path, within: Path) -> None:
