@@ -128,13 +128,15 @@ def _explain_oom(run: TrainingObjects) -> str:
 def _fit_and_test(
     run: TrainingObjects, test: bool, resume_from: Path | None, watch: str, stopper: RunStopper
 ) -> tuple[dict[str, float], str]:
+    checks = [c for c in run.trainer.callbacks if isinstance(c, WatchedMetricCheck)]  # type: ignore[attr-defined]
     if resume_from is not None:
         say_how_data_resumes(run.datamodule)
+        for check in checks:
+            check.follow_checkpoint(run.trainer, resume_from)
     # From the sanity check on, GracefulShutdown answers signals (and saves) until training ends.
     stopper.at("starting the fit (the ranks, setup, compile, the data)")
     run.trainer.fit(run.model, datamodule=run.datamodule, ckpt_path=resume_from)
     # What the checkpoint and early stopping followed: the module's own name for it, maybe.
-    checks = [c for c in run.trainer.callbacks if isinstance(c, WatchedMetricCheck)]  # type: ignore[attr-defined]
     watch = checks[0].watch if checks else watch
     metrics = {
         k: float(v) for k, v in run.trainer.callback_metrics.items() if is_recorded(k) or k == watch

@@ -11,6 +11,7 @@ A module that logs no training loss gets the loss its `training_step` returns lo
 """
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -137,12 +138,24 @@ class WatchedMetricCheck(Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"watch": self.watch, "mode": self.mode}
 
+    def follow_checkpoint(self, trainer: pl.Trainer, path: Path) -> None:
+        """Before a fit resumed from `path`: follow what it followed. Lightning 2.6.6 lists the
+        states no callback takes before it calls on_load_checkpoint (a warning to add the
+        callbacks that wrote them); retargeted first, the followers' state keys are those the
+        checkpoint stored them under. mmap: the weights are not read. A sharded checkpoint (a
+        folder) is followed in on_load_checkpoint, after that warning."""
+        if path.is_file():
+            stored = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            self._take_state(trainer, stored)
+
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # Lightning calls this for every callback before any load_state_dict: retargeted here,
-        # the followers' state keys match those the checkpoint stored them under.
+        # Lightning calls this for every callback before any load_state_dict.
+        self._take_state(trainer, checkpoint)
+
+    def _take_state(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("callbacks", {}).get(self.state_key)
-        if state is not None:
+        if state is not None and (state["watch"], state["mode"]) != (self.watch, self.mode):
             self.judged = True
             self._retarget(trainer, state["watch"], state["mode"])
