@@ -458,3 +458,47 @@ def test_wandbs_own_links_are_left_but_a_wandb_folder_that_is_a_link_out_is_refu
     (job / "wandb").symlink_to(victim.parent)
     with pytest.raises(FolderFileError, match=f"{job / 'wandb'} is a symbolic link to"):
         check_folder(job.parent, "name=s")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def with_a_malformed_record(outputs: Path, named: str) -> Path:
+    if named == "run":
+        folder = outputs / "train" / "runs" / "run"
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text("[]")
+        return folder
+    folder = make_sweep(outputs / "train" / "multiruns", name="sw", job=SWEEP_JOB)
+    (folder / SWEEP_JOB / "metrics.json").write_text("[" * 200_000)
+    return folder
+
+
+@pytest.mark.parametrize("named", ["run", "sweep"])
+def test_a_malformed_record_is_refused_before_hydra_writes_into_the_folder(
+    named: str, tmp_path: Path
+) -> None:
+    outputs = tmp_path / "outputs"
+    folder = with_a_malformed_record(outputs, named)
+    before = snapshot(folder)
+    done = train_named(outputs, timeout=120) if named == "run" else continue_sweep(outputs)
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("volt: config error: ") and "metrics.json" in line, line
+    assert snapshot(folder) == before
+
+
+@pytest.mark.slow  # a run that starts, to be refused later
+def test_a_malformed_record_read_by_the_run_alone_is_refused_after_hydra_wrote(
+    tmp_path: Path,
+) -> None:
+    """The control: with the check before Hydra taken out, the run's own reading refuses the
+    file, once Hydra has written its .hydra/ and train.log into the folder."""
+    outputs = tmp_path / "outputs"
+    folder = with_a_malformed_record(outputs, "run")
+    before = snapshot(folder)
+    patch = "import volt.hydra_callbacks as h", "h.read_record = lambda *a: None"
+    done = train_named(outputs, *patch, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert snapshot(folder) != before

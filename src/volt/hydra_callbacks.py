@@ -23,9 +23,9 @@ from volt.errors import ConfigError
 from volt.folder_files import check_folder
 from volt.rebuild import read_evaluated_run
 from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
-from volt.runs.records import record_failure
+from volt.runs.records import read_record, record_failure
 from volt.runs.resume import check_same_run
-from volt.sweeps.summary import print_sweep_summary, write_sweep_summary
+from volt.sweeps.summary import collect_jobs, print_sweep_summary, write_sweep_summary
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,14 @@ class VoltCallback(Callback):
             if config.get("name"):  # an existing directory may have come from someone else
                 # A named sweep's folder holds its jobs' folders, checked with it: Hydra opens a
                 # job's train.log and writes its .hydra/ before any hook of the job runs.
-                named = config.hydra.sweep.dir if multirun else config.hydra.run.dir
-                check_folder(Path(named), f"name={config.name}")
+                named = Path(config.hydra.sweep.dir if multirun else config.hydra.run.dir)
+                check_folder(named, f"name={config.name}")
+                # Its records are read now as well: a malformed one ends in one line before
+                # Hydra writes there, not once the run (or a job) reads it.
+                if multirun:
+                    collect_jobs(named)
+                else:
+                    read_record(named, named)
             if "ckpt_path" in config:  # eval
                 # The checkpoint's config is data: refused here before Hydra makes the run
                 # directory, against this command's trusted_targets, never the checkpoint's own.
