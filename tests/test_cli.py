@@ -171,3 +171,21 @@ def test_eval_and_predict_say_nothing_that_does_not_concern_the_user(
     # Lightning calls: none of the user's business.
     for chatter in ("not restoring", "Couldn't infer the batch indices", "LeafSpec", "Test metric"):
         assert chatter not in said
+
+
+def test_help_says_which_callbacks_files_are_options() -> None:
+    """--help lists every file of conf/callbacks/ (Hydra's listing); its note names the options,
+    and every other file holds an entry under its own name, as the note says."""
+    result = subprocess.run(
+        [sys.executable, "train.py", "--help"],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "callbacks: the options are default, eval and none; the other files" in result.stdout
+    folder = Path(__file__).parent.parent / "conf" / "callbacks"
+    for path in folder.glob("*.yaml"):
+        if path.stem not in ("default", "eval", "none"):
+            assert next(iter(yaml.safe_load(path.read_text()))) == path.stem, path.name
