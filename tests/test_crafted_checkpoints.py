@@ -886,3 +886,39 @@ def test_a_terminal_escape_in_a_stored_key_is_escaped_in_the_refusal(
     monkeypatch.setattr(volt.console, "controls_escaped", lambda text: text)
     code, err = run_eval([f"ckpt_path={crafted}"])
     assert code == 2 and err.startswith(f"volt: config error: model.{ERASES_AND_PASSES}"), err
+
+
+def zero_padded(checkpoint: dict[str, Any]) -> None:
+    """The issue's 24 KB checkpoint: a net of one padding layer, no weights for it to be
+    measured by; 600 pixels a side make a 373 MB first output for a batch of 8x8 digits."""
+    checkpoint[CHECKPOINT_KEY]["model"]["net"] = {"_target_": "torch.nn.ZeroPad2d", "padding": 600}
+    checkpoint["state_dict"] = {
+        k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("net.")
+    }
+
+
+def test_a_padding_net_is_refused_at_its_first_forward_before_the_memory_is_taken(
+    run_dir: Path,
+    tmp_path: Path,
+    run_eval: Callable[..., tuple[int, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    zero_padded(checkpoint)
+    torch.save(checkpoint, tmp_path / "padded.ckpt")
+    made: list[int] = []
+    recording = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, output: made.append(output.nbytes)
+    )
+    try:
+        code, err = run_eval([f"ckpt_path={tmp_path / 'padded.ckpt'}"])
+        assert code == 2 and err.count("\n") == 1, err
+        assert "makes net (ZeroPad2d) an output of 356 MiB" in err, err
+        assert made == []  # no layer ran
+        # the control: without the bound, the first forward takes the memory (then fails)
+        monkeypatch.setattr(rebuild, "bound_first_forward", lambda model, budget: None)
+        with contextlib.suppress(BaseException):
+            run_eval([f"ckpt_path={tmp_path / 'padded.ckpt'}"])
+        assert max(made) > 300 * 2**20
+    finally:
+        recording.remove()
