@@ -136,6 +136,15 @@ class Plan:
     probe_steps: int
     probe_timeout_s: float
     work: Path  # logs and run directories
+    # cold: each run compiles into an empty cache of its own, in its warm-up (a fresh machine);
+    # shared: all runs use one cache, so a graph an earlier run compiled is read back
+    compile_cache: str = "cold"
+
+    def cache_env(self, run: str) -> dict[str, str]:
+        """The environment of a run: torch.compile's and Triton's caches as `compile_cache` says."""
+        folder = self.work / ("compile-cache" if self.compile_cache == "shared" else f"cache-{run}")
+        cache = {"TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": folder / "triton"}
+        return os.environ | {name: str(path) for name, path in cache.items()}
 
     @property
     def window(self) -> int:
@@ -301,7 +310,7 @@ def measure(run: str, plan: Plan) -> dict[str, Any]:
         overrides.append(f"trainer.max_steps={plan.warmup + plan.steps}")
         overrides.append(f"trainer.log_every_n_steps={plan.window}")
         command = volt_command(trainer, gpus, outputs, overrides)
-    done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO)
+    done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO, env=plan.cache_env(run))
     if failed := done.failure():
         result = {"error": failed}
     elif run.startswith("plain"):
@@ -467,7 +476,8 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
             "",
             f"experiment={plan['experiment']}{model}, {plan['batch_per_gpu']} windows of"
             f" {plan['block_size']} bytes per GPU, {plan['variant']}: tokens/s of all GPUs over"
-            f" {plan['steps']} steps after {plan['warmup']} warm-up steps, MFU of each GPU's dense"
+            f" {plan['steps']} steps after {plan['warmup']} warm-up steps (compile caches:"
+            f" {plan.get('compile_cache', 'not recorded')}), MFU of each GPU's dense"
             " bf16 peak, peak memory allocated on the fullest GPU, scaling over the same side on"
             f" one GPU ({sum(r['wall_s'] for r in runs):.0f} s for the {len(runs)} runs).",
             "",
@@ -517,8 +527,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         variant="32-true, eager" if tiny else "bf16-mixed, torch.compile",
         block_size=64 if tiny else 1024,
         batch_per_gpu=args.batch_per_gpu or (4 if tiny else 16),
-        warmup=args.warmup or (2 if tiny else 20),
-        steps=args.steps or (4 if tiny else 50),
+        # The windows are 50 steps, gpt_bytes' log_every_n_steps: volt waits for the GPU at each
+        # (its loss, the NaN check; under DDP their all-reduces), as often as a real run does.
+        warmup=args.warmup or (2 if tiny else 50),
+        steps=args.steps or (4 if tiny else 100),
         gpus=gpus,
         device=gpu.name if gpu else "CPU",
         gpu_bytes=gpu.total_memory if gpu else None,
@@ -529,6 +541,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         probe_steps=args.probe_steps,
         probe_timeout_s=args.probe_timeout,
         work=Path(args.work or tempfile.mkdtemp(prefix="gpt-scaling-")),
+        compile_cache=args.compile_cache,
     )
 
 
@@ -539,6 +552,7 @@ def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dic
     }
     if args.runs:
         keys = ("experiment", "variant", "block_size", "batch_per_gpu", "warmup", "steps")
+        keys += ("compile_cache",)
         about["throughput"] = {key: getattr(plan, key) for key in keys}
     if args.largest is not None:
         about["largest"] = {
@@ -571,8 +585,13 @@ def main() -> None:
     runs = "the throughput runs (default: all of them; --runs alone: none)"
     parser.add_argument("--runs", nargs="*", choices=RUNS, default=list(RUNS), help=runs)
     parser.add_argument("--batch-per-gpu", type=int, help="windows per GPU (16; tiny: 4)")
-    parser.add_argument("--warmup", type=int, help="untimed steps first (20; tiny: 2)")
-    parser.add_argument("--steps", type=int, help="timed steps (50; tiny: 4)")
+    parser.add_argument("--warmup", type=int, help="untimed steps first (50; tiny: 2)")
+    parser.add_argument("--steps", type=int, help="timed steps (100; tiny: 4)")
+    parser.add_argument(
+        "--compile-cache", choices=("cold", "shared"), default="cold",
+        help="cold: every run compiles from an empty cache in its warm-up, as on a fresh machine"
+        " (default); shared: one cache for all runs, so later runs read what earlier compiled",
+    )  # fmt: skip
     ladder = "find the largest GPT that trains under DDP and under FSDP on this ladder"
     ladder += f" (default: {' '.join(LADDER)}; tiny: {' '.join(TINY_LADDER)})"
     parser.add_argument(

@@ -57,7 +57,10 @@ case ${1:-tests} in
     ;;
   gpt)  # two GPUs (issue #24): the GPT task under ddp and fsdp beside a plain DDP loop, then the
         # largest GPT each trains; rewrites the README's table from both
-    python benchmarks/gpt_scaling.py --json "$out/gpt_throughput.json" --work /tmp/gpt-scaling
+    # TORCH_LOGS=recompiles: each run's log says where torch.compile compiled again after its
+    # first graph (issue #40: volt's first run on a fresh machine lost 20% to compilation)
+    TORCH_LOGS=recompiles python benchmarks/gpt_scaling.py --json "$out/gpt_throughput.json" \
+      --work /tmp/gpt-scaling
     python benchmarks/gpt_scaling.py --runs --largest --json "$out/gpt_largest.json" \
       --work /tmp/gpt-scaling
     python benchmarks/gpt_scaling.py --report "$out"/gpt_*.json --readme

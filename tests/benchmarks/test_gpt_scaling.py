@@ -153,7 +153,7 @@ def test_a_rung_whose_optimiser_state_outgrows_a_gpu_is_not_run(
     scaling: ModuleType, tmp_path: Path
 ) -> None:
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options |= dict(runs=[], largest=[])
+    options |= dict(runs=[], largest=[], compile_cache="cold")
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
     )
@@ -242,3 +242,29 @@ def test_tiny_run_measures_every_side_and_writes_the_readme_tables(
         assert float(cells[2].replace(",", "")) > 0
         if cells[1] == "2":
             assert float(cells[5].removesuffix("x")) > 0  # scaling over one process
+
+
+@pytest.mark.parametrize("cache", ["cold", "shared"])
+def test_both_sides_get_the_same_compile_cache_policy(
+    scaling: ModuleType, tmp_path: Path, cache: str
+) -> None:
+    # A fresh machine's volt run compiled inside its timed windows while the plain loop's had
+    # compiled before them (issue #40): every run now starts from an empty cache of its own, or
+    # all share one; the report names which.
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options |= dict(runs=["plain-1"], largest=None, compile_cache=cache)
+    plan = scaling.make_plan(
+        argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
+    )
+    plain, volt = (
+        plan.cache_env(run)["TORCHINDUCTOR_CACHE_DIR"] for run in ("plain-1", "volt-gpu")
+    )
+    assert (plain == volt) is (cache == "shared")
+    assert plan.cache_env("volt-gpu")["TRITON_CACHE_DIR"].startswith(volt)
+    assert not Path(volt).exists()  # empty: nothing compiled there yet
+    assert (
+        scaling.about_this(plan, [], argparse.Namespace(runs=["plain-1"], largest=None))[
+            "throughput"
+        ]["compile_cache"]
+        == cache
+    )
