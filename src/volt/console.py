@@ -74,6 +74,11 @@ def silence_known_warnings() -> None:
     # A module with no validation_step: volt.callbacks.watched_metric says so in its own line,
     # with what that turns off.
     warnings.filterwarnings("ignore", message="You passed in a `val_dataloader` but have no `valid")
+    # Under DDP Lightning 2.6.6 advises sync_dist=True for a value logged per epoch without it;
+    # volt's own such values need none: the best-so-far metrics come from torchmetrics'
+    # compute(), synced across ranks already, and the throughput is rank 0's by design.
+    for name in ("val/acc_best", "val/bpb_best", "perf/train_samples_per_s"):
+        warnings.filterwarnings("ignore", message=rf"It is recommended to use `self.log\('{name}'")
 
 
 def config_tree(config: Mapping[str, Any]) -> Tree:

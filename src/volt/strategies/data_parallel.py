@@ -30,6 +30,7 @@ Limits (torch.nn.DataParallel's, plus one of this design):
   the root's weights on another device's inputs.
 """
 
+import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -51,6 +52,8 @@ from torch.nn.parallel import parallel_apply, replicate
 from torch.nn.parallel.parallel_apply import get_a_var
 from torch.nn.parallel.scatter_gather import scatter_kwargs
 from typing_extensions import override
+
+log = logging.getLogger(__name__)
 
 
 class DataParallelStrategy(ParallelStrategy):
@@ -96,11 +99,12 @@ class DataParallelStrategy(ParallelStrategy):
         devices = self._devices
         if len(devices) < 2 or any(device.type != "cuda" for device in devices):
             names = ", ".join(str(device) for device in devices)
-            warnings.warn(
-                f"DataParallelStrategy needs two or more CUDA devices but got [{names}];"
-                f" training on {devices[0]} alone, as a single-device run.",
-                UserWarning,
-                stacklevel=1,
+            # A line of the run's log, not a UserWarning with its source line.
+            log.warning(
+                "DataParallelStrategy needs two or more CUDA devices but got [%s]; training on %s"
+                " alone, as a single-device run.",
+                names,
+                devices[0],
             )
             self.parallel_devices = devices[:1]
         elif self._layer_sync is not None:
