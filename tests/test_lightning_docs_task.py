@@ -94,11 +94,20 @@ def test_a_module_that_logs_nothing_has_a_loss_curve(run_volt: Run, tmp_path: Pa
 
 @pytest.mark.slow  # a two-job sweep, about 30 s on 2 cores
 def test_a_sweep_ranks_by_what_the_module_logs(run_volt: Run, tmp_path: Path) -> None:
-    swept = run_volt(["-m", *QUICK, "model=lit", "model.lr=0.01,0.05", "name=s", "logger=none"])
+    # task=plain watches val/loss, which this module logs as val_loss: the summary ranks by it.
+    swept = run_volt(
+        ["-m", *QUICK, "model=lit", "model.lr=0.01,0.05", "task=plain", "name=s", "logger=none"]
+    )
     assert swept.returncode == 0, swept.stderr[-3000:]
-    summary = (tmp_path / "outputs" / "train" / "multiruns" / "s" / "summary.csv").read_text()
-    header, *rows = summary.splitlines()
-    assert "val_loss_best" in header and len(rows) == 2
+    sweep = tmp_path / "outputs" / "train" / "multiruns" / "s"
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == [
+        "0_model.lr=0.01",
+        "1_model.lr=0.05",
+    ]
+    with (sweep / "summary.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    best = [float(r["val_loss_best"]) for r in rows]
+    assert len(best) == 2 and best == sorted(best)  # lower is better, best first
 
 
 @pytest.mark.parametrize("traceback", [False, True])

@@ -148,3 +148,10 @@ def test_a_handed_over_sweeps_config_reads_no_environment(
     assert [row["job"] for row in rows] == ["0", "1", "2", "3", "4", "5"]
     written = (sweep / CSV_FILE).read_text() + (sweep / MARKDOWN_FILE).read_text()
     assert "hunter2" not in written
+
+
+def test_the_watched_metric_is_found_under_the_name_the_jobs_log(tmp_path: Path) -> None:
+    """task.watch=val/loss, the jobs' module logs val_loss: ranked by val_loss_best."""
+    (tmp_path / "multirun.yaml").write_text("task:\n  watch: val/loss\n  mode: min\n")
+    rows = [{"job": "0", "val_loss": "0.3", "val_loss_best": "0.2"}]
+    assert objective(tmp_path, rows) == ("val_loss_best", "min")
