@@ -150,6 +150,27 @@ def test_predict_stops_within_30_s_of_sigterm_with_volts_line(tmp_path: Path) ->
         check=False,
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
+    # the stored length, above eval's cap, is refused in one line; raised, it runs (below)
+    (checkpoint,) = (outputs / "train" / "runs" / "gpt" / "checkpoints").glob("last.ckpt")
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "volt.eval",
+            f"ckpt_path={checkpoint}",
+            f"paths.outputs_dir={outputs}",
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "volt: config error: model.max_new_tokens=1000000000 is more than max_new_tokens=1024"
+        " allows: the checkpoint sets it, and it costs time or memory its weights do not show;"
+        " add max_new_tokens=1000000000 to the command if you trust the file"
+    ], refused.stderr[-3000:]
     process, _ = start_endless_prediction(outputs)
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=30)  # the console's lines and stderr's
