@@ -73,9 +73,11 @@ def test_jobs_are_ranked_by_the_objective_with_how_each_ended(sweep: Path) -> No
     assert table[3]["error"] == "ValueError: lr | too big"
     assert table[0]["dir"] == str(next(sweep.glob("1_*")))
     lines = (sweep / MARKDOWN_FILE).read_text().splitlines()
-    assert lines[0].startswith("| job | status | model.optimizer.lr | name |")
+    # name=s, which every job shares, is said once under the table, not in a column.
+    assert lines[0].startswith("| job | status | model.optimizer.lr | val/acc |")
     assert lines[0].endswith("| dir |") and lines[1].startswith("|---|")
-    assert lines[2].startswith("| 1 | completed | 0.01 | s |")
+    assert lines[2].startswith("| 1 | completed | 0.01 | 0.89 |")
+    assert lines[-1] == "Every job: name=s"
     assert "lr \\| too big" in lines[5]  # a | inside a cell does not split the row
     assert not list(sweep.glob("*.partial"))
 
@@ -155,3 +157,15 @@ def test_the_watched_metric_is_found_under_the_name_the_jobs_log(tmp_path: Path)
     (tmp_path / "multirun.yaml").write_text("task:\n  watch: val/loss\n  mode: min\n")
     rows = [{"job": "0", "val_loss": "0.3", "val_loss_best": "0.2"}]
     assert objective(tmp_path, rows) == ("val_loss_best", "min")
+
+
+def test_summary_md_says_once_what_every_job_shares(sweep: Path) -> None:
+    for job in sweep.iterdir():
+        if job.is_dir():
+            overrides = job / ".hydra" / "overrides.yaml"
+            overrides.write_text(overrides.read_text() + "- trainer.max_epochs=3\n")
+    write_sweep_summary(sweep)
+    markdown = (sweep / MARKDOWN_FILE).read_text().splitlines()
+    assert "trainer.max_epochs" not in markdown[0]  # not a column of the table
+    assert markdown[-1].startswith("Every job: ") and "trainer.max_epochs=3" in markdown[-1]
+    assert "trainer.max_epochs" in (sweep / CSV_FILE).read_text().splitlines()[0]

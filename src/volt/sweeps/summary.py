@@ -126,13 +126,28 @@ def write_sweep_summary(sweep_dir: Path) -> list[dict[str, str]]:
     writer = csv.DictWriter(table, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    # summary.md, for reading: an override every job shares is said once, under the table
+    # (summary.csv keeps every column).
+    shared = [c for c in columns if _is_override(c) and len(rows) > 1 and _same(rows, c)]
+    shown = [c for c in columns if c not in shared]
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in shown) + " |" for row in rows]
+    if shared:
+        lines += ["", "Every job: " + ", ".join(_cell(f"{c}={rows[0].get(c, '')}") for c in shared)]
     # Staged beside and renamed over: a reader (this CLI while the sweep writes) sees the old
     # file or the new one, and a link in a handed-over sweep folder is replaced, not written.
     write_replacing(sweep_dir / CSV_FILE, sweep_dir, table.getvalue())
     write_replacing(sweep_dir / MARKDOWN_FILE, sweep_dir, "\n".join(lines) + "\n")
     return rows
+
+
+def _is_override(column: str) -> bool:
+    metric = column.startswith(("val/", "test/", "train/", "perf/"))
+    return not metric and column not in ("job", "status", "dir", "error")
+
+
+def _same(rows: list[dict[str, str]], column: str) -> bool:
+    return len({row.get(column, "") for row in rows}) == 1
 
 
 def _number(value: object) -> str:
