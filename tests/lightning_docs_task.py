@@ -82,3 +82,10 @@ class PlateauRegressor(LitRegressor):
             "optimizer": optimizer,
             "lr_scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer),
         }
+
+
+class BuggyRegressor(LitRegressor):
+    """A defect in the user's code, which no config fixes."""
+
+    def training_step(self, batch, batch_idx):
+        raise RuntimeError("a bug in training_step")

@@ -130,3 +130,15 @@ def test_lightning_refusing_the_module_is_one_line(
     assert ("Traceback" in refused.stderr) == traceback
     assert "HYDRA_FULL_ERROR" not in refused.stderr
     assert not (tmp_path / "outputs" / "train" / "runs" / "plateau").exists()
+
+
+def test_a_defect_shows_its_traceback_then_one_line(run_volt: Run, tmp_path: Path) -> None:
+    """An error no config value causes: its traceback (the user needs it), volt's one line,
+    exit 1; Hydra's HYDRA_FULL_ERROR hint never (VOLT_TRACEBACK is volt's switch)."""
+    failed = run_volt([*QUICK, "model=buggy", "name=buggy"])
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "Traceback" in failed.stderr and "HYDRA_FULL_ERROR" not in failed.stderr
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last == "volt: error: RuntimeError: a bug in training_step"
+    # It failed at its first step: nothing trained, nothing left behind.
+    assert not (tmp_path / "outputs" / "train" / "runs" / "buggy").exists()
