@@ -63,3 +63,17 @@ def test_a_default_run_fits_a_screen_and_verbose_adds_the_config_tree(
         assert chatter not in said
     if not verbose:
         assert len(said.splitlines()) <= 60, said
+
+
+def test_with_verbose_a_refusal_of_the_built_objects_comes_before_any_tree(
+    run_volt: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """What only the objects can tell (a data module lacking what task.from_data names) is
+    refused in one line before the config tree would be printed."""
+    conf = Path(__file__).parent / "user_task_conf"
+    args = [f"hydra.searchpath=[file://{conf}]", "model=line", "data=line", "task=plain"]
+    args += ["trusted_targets=[tests]", "+task.from_data={hidden:num_classes}", "~model.hidden"]
+    result = run_volt([*args, "verbose=true"])
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "LineData has no attribute" in result.stderr
+    assert "model_checkpoint" not in result.stdout + result.stderr

@@ -82,10 +82,7 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     silence_known_warnings()
     resolved = redacted_container(cfg)
     save_resolved_config(resolved, run_dir)
-    tree = config_tree(resolved)
-    save_config_tree(tree, run_dir / "config_tree.txt")
-    if cfg.verbose:
-        print_config_tree(tree)
+    save_config_tree(config_tree(resolved), run_dir / "config_tree.txt")
     if pl.utilities.rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set at import
         report = save_device_report(run_dir)
         log.info(headline(report))
@@ -210,6 +207,8 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
     with run_record(run_dir):
         stopper.at("building the model and the data")
         run = build_training(cfg, resolved)
+        if cfg.verbose:  # once the objects are built: what they refuse comes first, in one line
+            print_config_tree(config_tree(resolved))
         log.info(describe_setup(run.trainer, cfg.compile.mode))
         if cfg.tune == "batch_size":
             stopper.at("tuning the batch size")
