@@ -8,7 +8,7 @@ from omegaconf import DictConfig
 
 from volt.config.composition import hydra_main
 from volt.config.run_dirs import remove_run_dir_made_here
-from volt.console import exit_on_config_error
+from volt.console import exit_on_config_error, exit_on_unexpected_error
 from volt.data.downloads import DataNotFoundError
 from volt.errors import ConfigError
 
@@ -17,6 +17,8 @@ from volt.errors import ConfigError
 def main(cfg: DictConfig) -> None:
     # Imported once the config composed: torch and Lightning take seconds to import, which a
     # composition error, --cfg and --help do not wait for.
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
     from volt.evaluation import evaluate
     from volt.runs.stop_signals import stop_on_signals
 
@@ -26,7 +28,15 @@ def main(cfg: DictConfig) -> None:
         with stop_on_signals(None, named=False) as stopper:
             stopper.at("evaluating")
             evaluate(cfg)
-    except (ConfigError, DataNotFoundError, InstantiationException) as error:
+    except Exception as error:
+        user_caused = (
+            ConfigError,
+            DataNotFoundError,
+            InstantiationException,
+            MisconfigurationException,
+        )
+        if not isinstance(error, user_caused):
+            exit_on_unexpected_error(error)  # its traceback and line, without Hydra's hint
         # Refused before it evaluated: the run directory Hydra made holds nothing to keep.
         remove_run_dir_made_here(Path(cfg.paths.output_dir))
         exit_on_config_error(error)
