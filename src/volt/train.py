@@ -20,7 +20,7 @@ def main(cfg: DictConfig) -> float | None:
     # composition error, --cfg and --help do not wait for.
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from volt.training import is_user_caused, train
+    from volt.training import is_user_caused, nothing_to_keep, train
 
     try:
         metrics = train(cfg)
@@ -32,7 +32,7 @@ def main(cfg: DictConfig) -> float | None:
         if in_multirun():
             raise  # fail this job only; the sweep goes on and its summary lists the failure
         run_dir = Path(cfg.paths.output_dir)
-        if not any(run_dir.glob("checkpoints/*")):  # nothing trained: nothing to keep
+        if nothing_to_keep(error, run_dir):
             remove_run_dir_made_here(run_dir)
         if is_user_caused(error):
             exit_on_config_error(error)

@@ -70,6 +70,14 @@ def is_user_caused(error: Exception) -> bool:
     )
 
 
+def nothing_to_keep(error: Exception, run_dir: Path) -> bool:
+    """A run that ended before it trained anything leaves no directory: refused, or failed
+    before its first checkpoint. Not after an out-of-memory, a non-finite loss or another
+    rank's failure: they come from training steps, whose rank logs tell what happened."""
+    during_steps = (TrainingOutOfMemoryError, NonFiniteLossError, RankFailedError)
+    return not isinstance(error, during_steps) and not any(run_dir.glob("checkpoints/*"))
+
+
 def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Everything before the objects exist: checks, records, seeds, global torch settings.
     Returns the resolved config as plain data, which is all the helpers past this point see
