@@ -75,7 +75,8 @@ def find_learning_rate(
     ran = len(finder.results.get("lr", [])) if finder is not None else steps
     # Fewer steps: max_epochs ended the finder, or (Lightning's own early stop) the loss diverged,
     # after which its suggestion stands.
-    if ran < steps and ran >= (trainer.max_epochs or 0) * trainer.num_training_batches:
+    epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) else math.inf
+    if ran < steps and ran >= epochs * trainer.num_training_batches:
         raise ConfigError(
             f"tune=lr: the learning-rate finder ran {ran} of its {steps} steps"
             " (max_epochs ended it): raise trainer.max_epochs, or set model.optimizer.lr"
