@@ -15,6 +15,9 @@ import volt
 PACKAGE = Path(volt.__file__).parent
 ENTRY = {"train", "eval", "env", "rank", "hydra_callbacks"}
 LEAVES = {"errors", "collectives"}
+# Under every room and over the leaves: the one way to open a run folder's files, and the names a
+# module logs a watched metric under.
+SHARED = {"folder_files", "metric_names"}
 ROOMS = {
     "config",
     "data",
@@ -31,10 +34,12 @@ ROOMS = {
     "tuning",
     "device_report",
 }
-# training (what a run does: prepare, fit, test) and rebuild (a trained run from its checkpoint)
-# sit on build (configs -> objects).
-LAYER = {**dict.fromkeys(ENTRY, 0), "training": 1, "rebuild": 1, "build": 2}
+# training (what a run does: prepare, fit, test) and evaluation (eval's run: rebuild, test or
+# predict) sit on rebuild (a trained run from its checkpoint), which sits on build (configs ->
+# objects).
+LAYER = {**dict.fromkeys(ENTRY, 0), "training": 1, "evaluation": 1, "rebuild": 1.5, "build": 2}
 LAYER.update(dict.fromkeys(ROOMS, 3))
+LAYER.update(dict.fromkeys(SHARED, 3.5))
 LAYER.update(dict.fromkeys(LEAVES, 4))
 
 

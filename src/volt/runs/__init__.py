@@ -6,6 +6,7 @@ from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
 from volt.runs.records import (
     METRICS_FILE,
     end_open_records,
+    read_record,
     record_failure,
     run_record,
     save_resolved_config,
@@ -23,6 +24,7 @@ __all__ = [
     "hparams_session",
     "lock_run_dir",
     "plan_resume",
+    "read_record",
     "record_failure",
     "run_record",
     "save_resolved_config",

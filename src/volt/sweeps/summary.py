@@ -21,7 +21,7 @@ from volt.console import escape_what_the_console_cannot_print, exit_on_config_er
 from volt.errors import ConfigError, escaped
 from volt.folder_files import read_overrides, read_yaml, write_replacing
 from volt.metric_names import find_watched
-from volt.runs.records import read_record
+from volt.runs import read_record
 
 CSV_FILE = "summary.csv"
 MARKDOWN_FILE = "summary.md"
