@@ -96,3 +96,16 @@ def test_a_real_cuda_oom_ends_train_py_with_one_line(
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("volt: error: ")]
     assert "CUDA out of memory on cuda:0 with data.batch_size=64: peak " in line
     assert "(data.batch_size=32)" in line
+
+
+def test_a_run_that_took_a_step_keeps_its_directory(tmp_path: Path) -> None:
+    from volt.training import nothing_to_keep
+
+    before_any_step = RuntimeError("a defect in the module's first training_step")
+    assert nothing_to_keep(before_any_step, tmp_path)  # nothing trained: nothing to keep
+    after_three = RuntimeError("a defect at step 3")
+    after_three.steps_taken = 3  # type: ignore[attr-defined]  # as train_run notes it
+    assert not nothing_to_keep(after_three, tmp_path)  # its log tells what happened
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert not nothing_to_keep(before_any_step, tmp_path)

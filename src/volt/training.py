@@ -72,10 +72,13 @@ def is_user_caused(error: Exception) -> bool:
 
 def nothing_to_keep(error: Exception, run_dir: Path) -> bool:
     """A run that ended before it trained anything leaves no directory: refused, or failed
-    before its first checkpoint. Not after an out-of-memory, a non-finite loss or another
-    rank's failure: they come from training steps, whose rank logs tell what happened."""
+    before its first optimizer step and its first checkpoint. Not after an out-of-memory, a
+    non-finite loss or another rank's failure: they come from training steps, whose rank logs
+    tell what happened; nor after a step (train_run notes how many were taken)."""
     during_steps = (TrainingOutOfMemoryError, NonFiniteLossError, RankFailedError)
-    return not isinstance(error, during_steps) and not any(run_dir.glob("checkpoints/*"))
+    if isinstance(error, during_steps) or getattr(error, "steps_taken", 0) > 0:
+        return False
+    return not any(run_dir.glob("checkpoints/*"))
 
 
 def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -234,9 +237,14 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
         # metrics.json written inside, or from how the block ends.
         with hparams_session(run.trainer.loggers, resolved, run_dir):
             with ranks_end_with_run(run.trainer):  # this process's DDP ranks end with the run
-                metrics, best = fit_and_test(
-                    run, tests_at_all(cfg, run.model), plan.checkpoint, cfg.task.watch, stopper
-                )
+                try:
+                    metrics, best = fit_and_test(
+                        run, tests_at_all(cfg, run.model), plan.checkpoint, cfg.task.watch, stopper
+                    )
+                except Exception as error:
+                    # How far it got decides whether the run directory is kept (nothing_to_keep)
+                    error.steps_taken = run.trainer.global_step  # type: ignore[attr-defined]
+                    raise
             status = "pruned" if was_pruned(run.trainer) else "completed"
             write_metrics(run_dir, metrics, best_checkpoint=best, status=status)
     print_result(metrics, run_dir)
