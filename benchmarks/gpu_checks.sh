@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
 # gpt and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|sweeps
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-trace|sweeps|trace
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -65,6 +65,25 @@ case ${1:-tests} in
       --work /tmp/gpt-scaling
     python benchmarks/gpt_scaling.py --report "$out"/gpt_*.json --readme
     cp /tmp/gpt-scaling/*.log docs/many_gpus.md "$out/" 2>/dev/null
+    ;;
+  gpt-trace)  # two GPUs (issue #40): torch.profiler over 5 steps of volt's GPT after 60 (its
+              # compilation) under each trainer (TRAINERS="fsdp ddp"), 16 x 1024 bytes per GPU:
+              # rank 0's op table and its Chrome trace gzipped, graph breaks and recompiles logged
+              # (EXPERIMENT=gpt_bytes_tiny: the same on the CPU, to check the script)
+    for t in ${TRAINERS:-fsdp ddp}; do
+      dir=/tmp/gpt-trace-$t; rm -rf "$dir"
+      TORCH_LOGS=graph_breaks,recompiles timeout -k 10 "${TRACE_TIMEOUT:-240}" python train.py \
+        experiment=${EXPERIMENT:-gpt_bytes} trainer=$t data.batch_size=32 debug=profiler \
+        trainer.limit_train_batches=68 trainer.profiler.schedule.wait=60 \
+        trainer.profiler.profile_memory=false trainer.profiler.record_shapes=false \
+        trainer.limit_val_batches=0 trainer.num_sanity_val_steps=0 test=false \
+        callbacks.model_checkpoint=null callbacks.early_stopping=null callbacks.text_samples=null \
+        paths.outputs_dir="$dir" > "$out/gpt_trace_$t.log" 2>&1
+      echo "gpt $t traced: exit $?"
+      profiler=$(ls -d "$dir"/train/runs/*/tensorboard/profiler | head -1)
+      cp "$profiler/fit-profile-0.txt" "$out/gpt_trace_$t.txt"
+      gzip -c "$(ls "$profiler"/*.pt.trace.json | head -1)" > "$out/gpt_trace_$t.json.gz"
+    done
     ;;
   sweeps)  # two GPUs (issue #25): sweeps side by side, a DDP queue, an Optuna search, a failed job
           # (needs the optuna and colorlog wheels beside Hydra's)
