@@ -52,17 +52,24 @@ def test_a_default_run_fits_a_screen_and_verbose_adds_the_config_tree(
 ) -> None:
     """The config tree goes to config_tree.txt always, to the console with verbose=true only;
     Lightning's chatter that concerns no volt user (its cloud tip, a second model summary
-    refused, a test table print_result repeats, a memory monitor idle on a CPU) is not said."""
+    refused, a test table print_result repeats, a memory monitor idle on a CPU) is not said.
+    Each epoch's throughput, the accelerators Lightning looked for, the seed and the checkpoint
+    test restores are for train.log only: the console of a run fits one screen (40 lines)."""
     result = run_volt(["trainer.max_epochs=3", "name=quiet", f"verbose={str(verbose).lower()}"])
     assert result.returncode == 0, result.stderr[-3000:]
     said = result.stdout + result.stderr
-    tree = (tmp_path / "outputs" / "train" / "runs" / "quiet" / "config_tree.txt").read_text()
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "quiet"
+    tree = (run_dir / "config_tree.txt").read_text()
     assert "model_checkpoint" in tree
     assert ("model_checkpoint" in said) == verbose
     for chatter in ("Tip:", "already configured with model summary", "Test metric", "inactive"):
         assert chatter not in said
+    logged = (run_dir / "train.log").read_text()
+    for line in ("epoch 2: ", "GPU available:", "Seed set to 42", "Loaded model weights from"):
+        assert line in logged and line not in said, line
+    assert "testing the best checkpoint" in said
     if not verbose:
-        assert len(said.splitlines()) <= 60, said
+        assert len(said.splitlines()) <= 40, said
 
 
 def test_with_verbose_a_refusal_of_the_built_objects_comes_before_any_tree(

@@ -44,18 +44,38 @@ def route_lightning_logs() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
-    tips = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _NoAdverts) for f in tips.filters):
-        tips.addFilter(_NoAdverts())
+    # A logger's filters see only the records logged through it: the two that say these lines.
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _LightningChatter) for f in logger.filters):
+            logger.addFilter(_LightningChatter())
     escape_what_the_console_cannot_print()
 
 
-class _NoAdverts(logging.Filter):
-    """Lightning 2.6.6 logs "💡 Tip: ... try installing litlogger" (and litmodels) on every run
-    that does not use its cloud products, unconditionally; it concerns no volt user."""
+class _LightningChatter(logging.Filter):
+    """Lightning 2.6.6's lines that concern no volt user. Its tip to install litlogger (and
+    litmodels), logged on every run that does not use its cloud products: dropped. Which
+    accelerators it found (volt's own line names the one used), the seed (in the config), and
+    each checkpoint it restores (volt says what it resumes and tests): debug lines, which the log
+    file keeps and the console, at INFO (conf/hydra/job_logging), leaves out. Matched by how the
+    lines begin: a line Lightning rewords shows on the console again, nothing worse."""
+
+    FOR_THE_LOG_FILE = (
+        "GPU available:",
+        "TPU available:",
+        "Seed set to",
+        "Restoring states from the checkpoint path at",
+        "Restored all states from the checkpoint at",
+        "Loaded model weights from the checkpoint at",
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip:")
+        text = re.sub(r"^\[rank: \d+\] ", "", str(record.msg))  # the seed, on ranks past 0
+        if text.startswith("💡 Tip:"):
+            return False
+        if record.levelno == logging.INFO and text.startswith(self.FOR_THE_LOG_FILE):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
 
 
 def escape_what_the_console_cannot_print() -> None:

@@ -162,6 +162,9 @@ def _fit_and_test(
         metrics[f"{watch}_best"] = float(score)
     if test and not run.trainer.interrupted and not was_pruned(run.trainer):
         stopper.at("testing, after training ended")
+        log.info(
+            "testing %s", f"the best checkpoint, {Path(best).name}" if best else "the final weights"
+        )
         # verbose=False: print_result shows these, once.
         results = run.trainer.test(
             run.model, datamodule=run.datamodule, ckpt_path=best or None, verbose=False

@@ -45,8 +45,9 @@ class TrainingClock(Callback):
 
 class EpochThroughput(TrainingClock):
     """Training samples per second over each epoch (all processes together), logged as
-    `perf/train_samples_per_s` and printed. Validation inside the epoch is not counted; the GPU
-    is synchronised only where the clock starts and stops (epoch and validation boundaries).
+    `perf/train_samples_per_s` and written to the log file. Validation inside the epoch is not
+    counted; the GPU is synchronised only where the clock starts and stops (epoch and validation
+    boundaries).
 
     Why not Lightning's `ThroughputMonitor` (Lightning 2.4-2.6.6): it calls
     `torch.cuda.synchronize()` after every training batch so that its per-step clock is right,
@@ -85,6 +86,7 @@ class EpochThroughput(TrainingClock):
         rate = self.samples / seconds if seconds > 0 else 0.0
         pl_module.log("perf/train_samples_per_s", rate, rank_zero_only=True)
         if trainer.is_global_zero:
-            log.info(
+            # The log file's (conf/hydra/job_logging): a line an epoch would fill the console.
+            log.debug(
                 "epoch %d: %.0f training samples/s (%.1f s)", trainer.current_epoch, rate, seconds
             )
