@@ -110,6 +110,34 @@ def test_a_sweep_ranks_by_what_the_module_logs(run_volt: Run, tmp_path: Path) ->
     assert len(best) == 2 and best == sorted(best)  # lower is better, best first
 
 
+def test_a_search_whose_module_logs_no_watched_metric_fails_in_one_line(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    """The study ranks trials by task.watch (val/acc here): a trial whose module never logs it
+    fails, in one line, rather than hand the study no value (or the loss it fell back to) and
+    call itself completed; a search whose every trial failed ends in one line, exit 2."""
+    searched = run_volt(
+        [
+            *("-m", "hydra/sweeper=volt_optuna", "hydra.sweeper.n_trials=1", "name=s"),
+            *(*QUICK, "model=silent", "model.lr=choice(0.01,0.05)", "logger=none"),
+        ]
+    )
+    assert searched.returncode == 2, searched.stderr[-3000:]
+    why = (
+        "task.watch='val/acc' is what the search optimises, and SilentRegressor logs no such"
+        " metric (logged: train/loss); set task.watch=<one of them> and task.mode=max|min"
+    )
+    (job,) = (tmp_path / "outputs" / "train" / "multiruns" / "s").glob("0_*")
+    assert json.loads((job / "metrics.json").read_text()) == {
+        "status": "failed",
+        "error": f"ConfigError: {why}",
+    }
+    assert json.loads((job / "run.json").read_text())["status"] == "failed"
+    last = searched.stderr.strip().splitlines()[-1]
+    assert last.startswith("volt: config error: no trial of study search finished")
+    assert "Traceback" not in searched.stderr and "returned None" not in searched.stderr
+
+
 @pytest.mark.parametrize("traceback", [False, True])
 def test_lightning_refusing_the_module_is_one_line(
     run_volt: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traceback: bool

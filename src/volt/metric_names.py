@@ -3,7 +3,7 @@ name one thing. Early stopping, the best checkpoint, metrics.json, a search's pr
 all find the watched metric (`task.watch`) among what a module logs through `find_watched`."""
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 _WORDS = {"valid": "val", "validation": "val", "accuracy": "acc"}
 
@@ -32,3 +32,13 @@ def is_recorded(name: str) -> bool:
 def validation_loss(logged: Iterable[str]) -> str | None:
     """The validation loss a module logs (`val_loss`, `val/loss`...), if it logs one."""
     return find_watched(logged, "val/loss")
+
+
+def watched_value(metrics: Mapping[str, float], watch: str) -> float | None:
+    """What a sweep optimises: the best value of `watch` (`<name>_best`, where a checkpoint
+    followed it), else its last, under the name the module logs it by; None where it logged
+    neither. `metrics` as a fit ends (volt.training)."""
+    name = find_watched(metrics, watch)
+    if name is None:
+        return None
+    return metrics.get(f"{name}_best", metrics[name])

@@ -11,7 +11,7 @@ from volt.config import in_multirun
 from volt.config.composition import hydra_main
 from volt.config.run_dirs import remove_run_dir_made_here
 from volt.console import exit_on_config_error, exit_on_unexpected_error
-from volt.metric_names import find_watched
+from volt.metric_names import watched_value
 
 
 @hydra_main(config_name="train", on_config_error=exit_on_config_error)
@@ -37,7 +37,5 @@ def main(cfg: DictConfig) -> float | None:
         if is_user_caused(error):
             exit_on_config_error(error)
         exit_on_unexpected_error(error)
-    # What a sweeper optimises: the watched metric's best value, else its last (under the name
-    # the module logs it by: volt.metric_names).
-    watch = find_watched(metrics, cfg.task.watch) or cfg.task.watch
-    return metrics.get(f"{watch}_best", metrics.get(watch))
+    # What a sweeper optimises (a search's trial has one, or failed: volt.sweeps.pruning).
+    return watched_value(metrics, cfg.task.watch)

@@ -36,7 +36,7 @@ from volt.data.downloads import DataNotFoundError
 from volt.device_report import headline, save_device_report
 from volt.errors import ConfigError, RankFailedError, TrainingOutOfMemoryError
 from volt.gpu import apply_matmul_precision, explain_oom
-from volt.metric_names import is_recorded
+from volt.metric_names import is_recorded, watched_value
 from volt.runs import (
     hparams_session,
     plan_resume,
@@ -46,7 +46,7 @@ from volt.runs import (
 )
 from volt.runs.stop_signals import RunStopper, stop_on_signals
 from volt.strategies.launcher import ranks_end_with_run
-from volt.sweeps.pruning import was_pruned
+from volt.sweeps.pruning import trial_in_environment, unwatched, was_pruned
 from volt.tuning import find_batch_size, find_learning_rate
 
 log = logging.getLogger("volt")
@@ -198,6 +198,14 @@ def tests_at_all(cfg: DictConfig, model: pl.LightningModule) -> bool:
     return bool(cfg.test)
 
 
+def check_trial_value(metrics: dict[str, float], watch: str, model: pl.LightningModule) -> None:
+    """A search's trial fails rather than hand its study no value and call itself completed.
+    Pruning checks the watched metric at each validation; a module without validation comes
+    through to here."""
+    if trial_in_environment() is not None and watched_value(metrics, watch) is None:
+        raise unwatched(watch, type(model).__name__, metrics)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """One run; returns its final metrics (validation and test). A signal stops it wherever it
     is, with one line saying where (volt.runs.stop_signals; mid-training: GracefulShutdown)."""
@@ -249,6 +257,8 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
                     error.steps_taken = run.trainer.global_step  # type: ignore[attr-defined]
                     raise
             status = "pruned" if was_pruned(run.trainer) else "completed"
+            if status == "completed":
+                check_trial_value(metrics, cfg.task.watch, run.model)
             write_metrics(run_dir, metrics, best_checkpoint=best, status=status)
     print_result(metrics, run_dir)
     return metrics

@@ -165,7 +165,7 @@ def test_a_grid_search_ends_when_its_grid_is_done(tmp_path: Path) -> None:
 def test_a_search_whose_trials_all_failed_fails(tmp_path: Path) -> None:
     space = parse_search_space(SPACE, [])
     search = Search(study_in(tmp_path, space), space, FakeLauncher(fail=[0, 1]), tmp_path, "v")
-    with pytest.raises(RuntimeError, match="no trial of study s finished"):
+    with pytest.raises(ConfigError, match="no trial of study s finished"):
         search.run(n_trials=2, n_jobs=1)
     assert yaml.safe_load((tmp_path / BEST_FILE).read_text())["trials"]["fail"] == 2
 

@@ -45,6 +45,17 @@ class VoltOptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
+        from volt.console import exit_on_config_error
+        from volt.errors import ConfigError
+
+        # One line and exit status 2, as volt's other refusals, not Hydra's report of an error
+        # in a sweeper (a traceback and its HYDRA_FULL_ERROR hint).
+        try:
+            return self._search(arguments)
+        except ConfigError as error:
+            exit_on_config_error(error)
+
+    def _search(self, arguments: list[str]) -> list[Sequence[JobReturn]]:
         from volt.errors import ConfigError
         from volt.sweeps.search import Search, open_study, parse_search_space
 

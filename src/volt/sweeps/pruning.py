@@ -1,5 +1,7 @@
-"""Stopping a search's trial early: the job reports the watched metric to the study after every
-validation, and ends as `pruned` when the study's pruner says so.
+"""A search's trial, as its job sees it. Stopping it early: the job reports the watched metric to
+the study after every validation, and ends as `pruned` when the study's pruner says so. Its value:
+the watched metric as the module logs it (volt.metric_names), or the job fails (`unwatched`),
+never a value of another metric, nor none.
 
 The sweeper (`volt.sweeps.search`) names a job's trial in the job's environment
 (`VOLT_OPTUNA_TRIAL`, through `hydra.job.env_set`); DDP ranks inherit it from rank 0. Only rank 0
@@ -10,6 +12,7 @@ broadcast, so every rank stops after the same validation.
 import logging
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,17 @@ def trial_in_environment() -> int | None:
     """The number of the search trial this process trains, or None outside a search."""
     number = os.environ.get(TRIAL_VARIABLE)
     return int(number) if number else None
+
+
+def unwatched(watch: str, module: str, logged: Iterable[str]) -> ConfigError:
+    """The error of a trial whose module does not log `watch`. Early stopping and the checkpoint
+    may follow its validation loss instead (volt.callbacks.watched_metric); the study may not: it
+    ranks every trial by one metric, in one direction."""
+    names = ", ".join(sorted(logged)) or "nothing"
+    return ConfigError(
+        f"task.watch={watch!r} is what the search optimises, and {module} logs no such metric"
+        f" (logged: {names}); set task.watch=<one of them> and task.mode=max|min"
+    )
 
 
 def open_journal(sweep_dir: Path) -> Any:
@@ -111,10 +125,8 @@ class TrialPruning(Callback):
 
         name = find_watched(trainer.callback_metrics, self.watch)
         if name is None:
-            raise ConfigError(
-                f"task.watch={self.watch!r} was not logged by validation: the search prunes on it;"
-                f" set task.watch to a metric the model logs ({sorted(trainer.callback_metrics)})"
-            )
+            module = type(trainer.lightning_module).__name__
+            raise unwatched(self.watch, module, trainer.callback_metrics)
         value = float(trainer.callback_metrics[name])
         if step not in self._reported and math.isfinite(value):
             self._trial.report(value, step)

@@ -210,7 +210,7 @@ class Search:
         states = {t.state for t in self.study.get_trials(deepcopy=False)}
         if TrialState.COMPLETE not in states and TrialState.PRUNED not in states:
             # Every trial failed: a mistake in the command, not a bad region of the space.
-            raise RuntimeError(
+            raise ConfigError(
                 f"no trial of study {self.study.study_name} finished: each job's error is in"
                 f" its metrics.json and train.log under {self.sweep_dir}"
             )
