@@ -173,19 +173,48 @@ def test_eval_and_predict_say_nothing_that_does_not_concern_the_user(
         assert chatter not in said
 
 
-def test_help_says_which_callbacks_files_are_options() -> None:
-    """--help lists every file of conf/callbacks/ (Hydra's listing); its note names the options,
-    and every other file holds an entry under its own name, as the note says."""
+def help_groups(*args: str) -> dict[str, list[str]]:
+    """The "Configuration groups" of `python train.py --help`: group -> options."""
     result = subprocess.run(
-        [sys.executable, "train.py", "--help"],
+        [sys.executable, "train.py", "--help", *args],
         cwd=Path(__file__).parent.parent,
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    assert "callbacks: the options are default, eval and none; the other files" in result.stdout
-    folder = Path(__file__).parent.parent / "conf" / "callbacks"
-    for path in folder.glob("*.yaml"):
-        if path.stem not in ("default", "eval", "none"):
+    listed = result.stdout.split("(group=option)\n\n", 1)[1].split("\n\n", 1)[0]
+    return {
+        group: options.split(", ")
+        for group, _, options in (line.partition(": ") for line in listed.splitlines())
+    }
+
+
+def test_help_lists_the_options_of_each_group() -> None:
+    """Each file of a group is an option (`group=file`), but for conf/callbacks/: there the files
+    that hold callbacks are entries that default, eval and experiments include."""
+    conf = Path(__file__).parent.parent / "conf"
+    groups = help_groups()
+    assert groups.pop("callbacks") == ["default", "eval", "none"]
+    for path in (conf / "callbacks").glob("*.yaml"):
+        if path.stem not in ("default", "eval", "none"):  # each holds an entry of its own name
             assert next(iter(yaml.safe_load(path.read_text()))) == path.stem, path.name
+    expected = {
+        folder.name: sorted(p.stem for p in folder.glob("*.yaml"))
+        for folder in conf.iterdir()
+        if folder.is_dir() and folder.name not in ("callbacks", "hydra")
+    }
+    assert groups == {group: options for group, options in expected.items() if options}
+
+
+def test_help_lists_the_options_of_an_added_config_dir(tmp_path: Path) -> None:
+    """A user's config folder (--config-dir) adds options; a callbacks file of theirs is an
+    entry, as volt's are. (Hydra 1.3.8's help lists no folder that hydra.searchpath adds.)"""
+    (tmp_path / "callbacks").mkdir()
+    (tmp_path / "model").mkdir()
+    entry = {"timer": {"_target_": "lightning.pytorch.callbacks.Timer"}}
+    (tmp_path / "callbacks" / "timer.yaml").write_text(yaml.safe_dump(entry))
+    (tmp_path / "model" / "mine.yaml").write_text(yaml.safe_dump({"_target_": "mine.Model"}))
+    groups = help_groups("--config-dir", str(tmp_path))
+    assert groups["callbacks"] == ["default", "eval", "none"]
+    assert "mine" in groups["model"] and "mlp" in groups["model"]

@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
+from volt.config.help import config_groups
 from volt.config.torchrun import launched_by_torchrun, stamp_of_rank_zero
 
 # Processes a volt process starts (DDP ranks, submitit jobs) read the project from here, so they
@@ -135,6 +136,8 @@ register_resolver("volt.rank_log_suffix", rank_log_suffix)
 register_resolver("volt.slug", lambda name: str(name).replace("/", "_"))
 # A sweep job's directory name: conf/hydra/default.yaml.
 register_resolver("volt.job_dirname", job_dirname)
+# --help's groups and their options: conf/hydra/default.yaml.
+register_resolver("volt.config_groups", config_groups)
 # task.mode (max|min) -> an Optuna study direction.
 register_resolver("volt.direction", lambda mode: {"max": "maximize", "min": "minimize"}[mode])
 
