@@ -42,6 +42,12 @@ def test_sweep_through_submitit_local(
     (sweep,) = (tmp_path / "outputs" / "train" / "multiruns").iterdir()
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert len(jobs) == len(lrs)
+    if len(lrs) > 1:
+        # Named in submitit's job processes by what the sweep varies, from the environment they
+        # inherit (volt.config.job_dirname), not by the overrides every job shares.
+        assert [p.name for p in jobs] == [
+            f"{i}_model.optimizer.lr={lr}" for i, lr in enumerate(lrs)
+        ]
     for job, lr in zip(jobs, lrs, strict=True):
         used = {float((job / f"lr_rank{rank}.txt").read_text()) for rank in ranks}
         assert used == {lr}, job.name

@@ -1,4 +1,5 @@
-"""Where a run directory may be, and removing only what this process made for a refused run."""
+"""Where a run directory may be, a sweep job's name, and removing only what this process made for a
+refused run."""
 
 from pathlib import Path
 
@@ -6,6 +7,7 @@ import pytest
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from volt.config import SWEPT_KEYS, job_dirname
 from volt.config.run_dirs import check_run_dir, note_new_run_dir, remove_run_dir_made_here
 from volt.errors import ConfigError
 
@@ -32,6 +34,18 @@ def test_a_search_space_value_with_a_slash_is_refused(tmp_path: Path) -> None:
     bad = sweep_config(tmp_path, [], {"callbacks.model_checkpoint.filename": "choice(a, b/c)"})
     with pytest.raises(ConfigError, match=r"filename=b/c: a sweep job's directory"):
         check_run_dir(bad)
+
+
+def test_a_sweep_job_is_named_by_what_the_sweep_varies(monkeypatch: pytest.MonkeyPatch) -> None:
+    job = ["trainer.max_epochs=1", "model.optimizer.lr=0.01", "+tag=x", "data.batch_size=32"]
+    every = "+tag=x,data.batch_size=32,model.optimizer.lr=0.01,trainer.max_epochs=1"
+    monkeypatch.setenv(SWEPT_KEYS, "model.optimizer.lr,data.batch_size,tag")
+    assert job_dirname(job, every) == "+tag=x,data.batch_size=32,model.optimizer.lr=0.01"
+    monkeypatch.setenv(SWEPT_KEYS, "")  # a search's sweeper names its jobs itself
+    assert job_dirname(job, every) == every
+    # A job started without the environment of the command (sbatch --export=NONE): Hydra's name.
+    monkeypatch.delenv(SWEPT_KEYS)
+    assert job_dirname(job, every) == every
 
 
 def test_only_what_this_process_made_is_removed(tmp_path: Path) -> None:

@@ -95,7 +95,12 @@ def rank_log_suffix() -> str:
     return f"_rank{rank}" if rank else ""
 
 
-# Where volt.config.composition leaves the keys a command line's sweep varies, for job_dirname.
+# Where volt.config.composition leaves the keys a command line's sweep varies, for job_dirname:
+# internal, set by every volt entry point (a value of the user's own is replaced). Hydra resolves a
+# job's directory in the process that runs the job, which inherits the variable: the launcher's
+# own process or thread, volt's parallel launcher, submitit's local executor, and a SLURM job
+# (sbatch passes the submitting environment on by default). A job started without it
+# (`sbatch --export=NONE`) is named by all its overrides, as Hydra names them.
 SWEPT_KEYS = "VOLT_SWEPT_KEYS"
 
 
