@@ -35,7 +35,7 @@ from torch import nn
 from volt.callbacks.config_in_checkpoint import ConfigInCheckpoint
 from volt.callbacks.restored_paths import RestoredPathsCheck
 from volt.callbacks.rng_state import RNGStateInCheckpoint
-from volt.callbacks.watched_metric import WatchedMetricCheck
+from volt.callbacks.watched_metric import Remake, WatchedMetricCheck
 from volt.callbacks.weight_averaging import ExponentialMovingAverage
 from volt.checkpointing import AtomicCheckpointIO
 from volt.config.execution_whitelist import instantiate_whitelist
@@ -205,6 +205,20 @@ def build_callbacks(callbacks: DictConfig | None, trusted: Sequence[str]) -> lis
     return [instantiate_checked(c, trusted) for c in callbacks.values() if c is not None]
 
 
+def remaker(callbacks: DictConfig | None, built: list[Callback], trusted: Sequence[str]) -> Remake:
+    """Builds a callback of `built` (from `callbacks`, as build_callbacks did) again, some of its
+    constructor arguments changed; the new one takes the old one's place in `built`."""
+    entries = [c for c in (callbacks or {}).values() if c is not None]  # in the order of `built`
+
+    def remake(old: Callback, changes: dict[str, Any]) -> Any:
+        at = next(i for i, c in enumerate(built) if c is old)
+        built[at] = instantiate_checked(entries[at], trusted, **changes)
+        skip_inherited_batch_hooks([built[at]])
+        return built[at]
+
+    return remake
+
+
 def build_loggers(loggers: DictConfig | None, trusted: Sequence[str]) -> list[Logger]:
     if not loggers:
         return []
@@ -219,13 +233,15 @@ def build_trainer(
 ) -> pl.Trainer:
     """The Trainer of `cfg.trainer` with `cfg.callbacks` and `cfg.logger`, for training and
     evaluation alike. What volt adds is merged with what the config gives, never written over it."""
+    built = build_callbacks(cfg.get("callbacks"), trusted)
     # First: it points early stopping and the best checkpoint at what the module logs, or takes
     # them away, before they miss their metric.
     watch = WatchedMetricCheck(
         OmegaConf.select(cfg, "task.watch", default=""),
         OmegaConf.select(cfg, "task.mode", default="max"),
+        remake=remaker(cfg.get("callbacks"), built, trusted),
     )
-    callbacks = [watch, *build_callbacks(cfg.get("callbacks"), trusted)]
+    callbacks = [watch, *built]
     callbacks += extra_callbacks
     # A checkpoint's callback states are data: none may point Lightning at files outside the run.
     callbacks.append(RestoredPathsCheck())

@@ -1,27 +1,54 @@
 """Early stopping and the best checkpoint follow the metric the module logs: `val_loss` for the
-task's `val/loss`, else its validation loss; a resumed fit restores them under that name."""
+task's `val/loss`, else its validation loss; a resumed fit restores them under that name. They
+are made anew for it, by their constructors (volt.build remakes them from their config entries)."""
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 
 from tests.lightning_docs_task import LineDataModule, LitRegressor
 from volt.callbacks.watched_metric import WatchedMetricCheck
 
 
-def fit(tmp_path: Path, watch: str, mode: str, epochs: int, ckpt_path: Path | None = None):
-    best = ModelCheckpoint(
+class Made:
+    """Callbacks and the arguments each was made with, to make one again with some changed."""
+
+    def __init__(self) -> None:
+        self.arguments: dict[Callback, tuple[type, dict[str, Any]]] = {}
+
+    def __call__(self, kind: type, **arguments: Any) -> Any:
+        callback = kind(**arguments)
+        self.arguments[callback] = (kind, arguments)
+        return callback
+
+    def remake(self, old: Any, changes: dict[str, Any]) -> Any:
+        kind, arguments = self.arguments[old]
+        return self(kind, **{**arguments, **changes})
+
+
+def fit(
+    tmp_path: Path,
+    watch: str,
+    mode: str,
+    epochs: int,
+    ckpt_path: Path | None = None,
+    follow_first: bool = True,
+):
+    made = Made()
+    best = made(
+        ModelCheckpoint,
         dirpath=tmp_path,
         filename="best-" + watch.replace("/", "_") + "{" + watch + ":.4f}",
         monitor=watch,
         mode=mode,
         auto_insert_metric_name=False,
     )
-    last = ModelCheckpoint(dirpath=tmp_path, filename="last", monitor=None)
-    stop = EarlyStopping(monitor=watch, mode=mode, patience=10)
-    check = WatchedMetricCheck(watch, mode)
+    last = made(ModelCheckpoint, dirpath=tmp_path, filename="last", monitor=None)
+    stop = made(EarlyStopping, monitor=watch, mode=mode, patience=10, min_delta=0.001)
+    check = WatchedMetricCheck(watch, mode, made.remake)
     trainer = pl.Trainer(
         max_epochs=epochs,
         callbacks=[check, best, last, stop],
@@ -29,10 +56,11 @@ def fit(tmp_path: Path, watch: str, mode: str, epochs: int, ckpt_path: Path | No
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    if ckpt_path is not None:  # as volt.training does
+    if ckpt_path is not None and follow_first:  # as volt.training does
         check.follow_checkpoint(trainer, ckpt_path)
     trainer.fit(LitRegressor(), datamodule=LineDataModule(), ckpt_path=ckpt_path)
-    return trainer, best, stop
+    assert trainer.checkpoint_callbacks[-1] is last  # followed nothing: kept as it was
+    return trainer, trainer.checkpoint_callback, trainer.early_stopping_callback
 
 
 @pytest.mark.parametrize(("watch", "mode"), [("val/loss", "min"), ("val/acc", "max")])
@@ -41,6 +69,9 @@ def test_the_logged_validation_loss_is_followed_and_restored(
 ) -> None:
     trainer, best, stop = fit(tmp_path, watch, mode, epochs=2)
     assert (best.monitor, best.mode, stop.monitor, stop.mode) == ("val_loss", "min") * 2
+    assert stop.min_delta == -0.001  # lower is better: the constructor turned it
+    # Compared from its first validation on (min_delta apart at most).
+    assert float(stop.best_score) == pytest.approx(float(best.best_model_score), abs=0.001)
     assert best.best_model_score == pytest.approx(float(trainer.callback_metrics["val_loss"]))
     assert Path(best.best_model_path).name.startswith("best-val_loss0.")
     score = float(best.best_model_score)
@@ -51,3 +82,16 @@ def test_the_logged_validation_loss_is_followed_and_restored(
     assert stop.best_score <= score
     # Lightning lists states no callback takes before it restores any: none here.
     assert not [w for w in recwarn if "Please add the following callbacks" in str(w.message)]
+
+
+def test_a_checkpoint_followed_as_the_fit_restores_it_is_restored(tmp_path: Path) -> None:
+    """As a sharded checkpoint (a folder) is followed: in on_load_checkpoint, once Lightning has
+    set the callbacks up; the followers made then are set up there, and take their states."""
+    _, best, _ = fit(tmp_path, "val/acc", "max", epochs=2)
+    score = float(best.best_model_score)
+    _, best, stop = fit(
+        tmp_path, "val/acc", "max", epochs=3, ckpt_path=tmp_path / "last.ckpt", follow_first=False
+    )
+    assert (best.monitor, stop.monitor, stop.mode) == ("val_loss", "val_loss", "min")
+    assert float(best.best_model_score) <= score and stop.best_score <= score
+    assert Path(best.best_model_path).parent == tmp_path

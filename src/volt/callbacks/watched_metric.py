@@ -6,11 +6,17 @@ follow the metric the module logs under the watched metric's meaning (volt.metri
 its validation loss (lower is better), else step aside; one line says which. last.ckpt (a
 checkpoint callback without a monitor) is kept, so eval, predict and resume still work.
 
+To follow another metric, each is made anew by its constructor (from its config entry: volt.build)
+with that monitor, mode and file name, and takes the old one's place: Lightning 2.6.6 has no
+public way to change what a made callback monitors, and its constructors derive several fields
+from it (the comparison, the best score so far, early stopping's sign of min_delta, the state key).
+
 A module that logs no training loss gets the loss its `training_step` returns logged as
 `train/loss`, so every run has a loss curve.
 """
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +29,19 @@ from volt.metric_names import find_watched, validation_loss
 
 log = logging.getLogger(__name__)
 
+Follower = EarlyStopping | ModelCheckpoint
+# A follower made anew, as it was made but for the given constructor arguments (volt.build: its
+# config entry, built again).
+Remake = Callable[[Follower, dict[str, Any]], Follower]
+
 
 class WatchedMetricCheck(Callback):
     """Retargets or removes the EarlyStopping and monitoring ModelCheckpoint callbacks by what the
     first validation logged. Must come before them in the Trainer's callbacks (volt.build puts it
     first; Lightning runs checkpoint callbacks last, and restores callbacks in list order)."""
 
-    def __init__(self, watch: str, mode: str) -> None:
+    def __init__(self, watch: str, mode: str, remake: Remake) -> None:
+        self.remake = remake
         self.watch, self.mode = watch, mode  # after the first validation: what is followed
         self.judged = False  # after the first validation: later ones log the same names
         self.log_loss: bool | None = None  # judged at the first training batch
@@ -90,7 +102,12 @@ class WatchedMetricCheck(Callback):
                 type(pl_module).__name__,
                 self.watch,
             )
-            self._retarget(trainer, watched, mode)
+            for callback in self._retarget(trainer, watched, mode):
+                # Joining a fit under way, mid-epoch as a callback of a run resumed there does
+                # (no on_train_epoch_start), with the hooks each fit calls before its first step.
+                callback.setup(trainer, pl_module, "fit")
+                callback.on_fit_start(trainer, pl_module)
+                callback.on_train_start(trainer, pl_module)
             return
         if watched is not None:
             return
@@ -108,7 +125,7 @@ class WatchedMetricCheck(Callback):
                 ", ".join(sorted(logged)) or "nothing",
             )
 
-    def _followers(self, trainer: pl.Trainer) -> list[EarlyStopping | ModelCheckpoint]:
+    def _followers(self, trainer: pl.Trainer) -> list[Follower]:
         return [
             callback
             for callback in trainer.callbacks  # type: ignore[attr-defined]
@@ -116,24 +133,25 @@ class WatchedMetricCheck(Callback):
             and callback.monitor == self.watch
         ]
 
-    def _retarget(self, trainer: pl.Trainer, watch: str, mode: str) -> None:
-        """Sets what Lightning 2.6.6's callbacks derive from `monitor` and `mode` in their
-        __init__ (nothing is compared or saved before the first validation ends, so the rest
-        follows); their state_key changes with them, which is how a resumed run restores them."""
-        inf = torch.tensor(torch.inf if mode == "min" else -torch.inf)
-        for callback in self._followers(trainer):
-            if isinstance(callback, ModelCheckpoint):
-                old, new = self.watch, watch
-                if callback.filename:  # volt's: "epoch{epoch:03d}-val_acc{val/acc:.4f}"
-                    callback.filename = callback.filename.replace(
-                        "{" + old + ":", "{" + new + ":"
-                    ).replace(old.replace("/", "_"), new.replace("/", "_"))
-                callback.kth_value = inf
-            else:
-                callback.min_delta = abs(callback.min_delta) * (1 if mode == "max" else -1)
-                callback.best_score = inf
-            callback.monitor, callback.mode = watch, mode
+    def _retarget(self, trainer: pl.Trainer, watch: str, mode: str) -> list[Follower]:
+        """Each follower made anew to follow `watch` in `mode`, in the place of the old one in the
+        Trainer's list (the order Lightning calls them in): its constructor derives from them
+        what it compares, its best-so-far and the state key a checkpoint keeps it under. Made
+        before a fit, Lightning sets them up; during one, the caller does. Returns them."""
+        made = []
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        for old in self._followers(trainer):
+            changes: dict[str, Any] = {"monitor": watch, "mode": mode}
+            if isinstance(old, ModelCheckpoint) and old.filename:
+                # volt's: "epoch{epoch:03d}-val_acc{val/acc:.4f}"
+                changes["filename"] = old.filename.replace(
+                    "{" + self.watch + ":", "{" + watch + ":"
+                ).replace(self.watch.replace("/", "_"), watch.replace("/", "_"))
+            new = self.remake(old, changes)
+            callbacks[callbacks.index(old)] = new
+            made.append(new)
         self.watch, self.mode = watch, mode
+        return made
 
     def state_dict(self) -> dict[str, Any]:
         return {"watch": self.watch, "mode": self.mode}
@@ -151,11 +169,14 @@ class WatchedMetricCheck(Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # Lightning calls this for every callback before any load_state_dict.
-        self._take_state(trainer, checkpoint)
+        # Lightning calls this for every callback before any load_state_dict, after setup.
+        for callback in self._take_state(trainer, checkpoint):
+            callback.setup(trainer, pl_module, "fit")
 
-    def _take_state(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    def _take_state(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> list[Follower]:
+        """Follows what the checkpoint's run followed; returns the followers made anew."""
         state = checkpoint.get("callbacks", {}).get(self.state_key)
-        if state is not None and (state["watch"], state["mode"]) != (self.watch, self.mode):
-            self.judged = True
-            self._retarget(trainer, state["watch"], state["mode"])
+        if state is None or (state["watch"], state["mode"]) == (self.watch, self.mode):
+            return []
+        self.judged = True
+        return self._retarget(trainer, state["watch"], state["mode"])
