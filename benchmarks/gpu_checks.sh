@@ -69,20 +69,22 @@ case ${1:-tests} in
   gpt-trace)  # two GPUs (issue #40): torch.profiler over 5 steps of volt's GPT after 60 (its
               # compilation) under each trainer (TRAINERS="fsdp ddp"), 16 x 1024 bytes per GPU:
               # rank 0's op table and its Chrome trace gzipped, graph breaks and recompiles logged
-              # (EXPERIMENT=gpt_bytes_tiny: the same on the CPU, to check the script)
+              # (EXPERIMENT=gpt_bytes_tiny: the same on the CPU, to check the script; EXTRA="k=v ..."
+              # more overrides, TAG a name for their files). Lightning's record_module_names is off:
+              # its record_function around every module's forward breaks torch.compile's graphs.
     for t in ${TRAINERS:-fsdp ddp}; do
-      dir=/tmp/gpt-trace-$t; rm -rf "$dir"
+      name=$t${TAG:+_$TAG}; dir=/tmp/gpt-trace-$name; rm -rf "$dir"
       TORCH_LOGS=graph_breaks,recompiles timeout -k 10 "${TRACE_TIMEOUT:-240}" python train.py \
         experiment=${EXPERIMENT:-gpt_bytes} trainer=$t data.batch_size=32 debug=profiler \
         trainer.limit_train_batches=68 trainer.profiler.schedule.wait=60 \
         trainer.profiler.profile_memory=false trainer.profiler.record_shapes=false \
-        trainer.limit_val_batches=0 trainer.num_sanity_val_steps=0 test=false \
+        +trainer.profiler.record_module_names=false ${EXTRA:-} trainer.limit_val_batches=0 trainer.num_sanity_val_steps=0 test=false \
         callbacks.model_checkpoint=null callbacks.early_stopping=null callbacks.text_samples=null \
-        paths.outputs_dir="$dir" > "$out/gpt_trace_$t.log" 2>&1
-      echo "gpt $t traced: exit $?"
+        paths.outputs_dir="$dir" > "$out/gpt_trace_$name.log" 2>&1
+      echo "gpt $name traced: exit $?"
       profiler=$(ls -d "$dir"/train/runs/*/tensorboard/profiler | head -1)
-      cp "$profiler/fit-profile-0.txt" "$out/gpt_trace_$t.txt"
-      gzip -c "$(ls "$profiler"/*.pt.trace.json | head -1)" > "$out/gpt_trace_$t.json.gz"
+      cp "$profiler/fit-profile-0.txt" "$out/gpt_trace_$name.txt"
+      gzip -c "$(ls "$profiler"/*.pt.trace.json | head -1)" > "$out/gpt_trace_$name.json.gz"
     done
     ;;
   sweeps)  # two GPUs (issue #25): sweeps side by side, a DDP queue, an Optuna search, a failed job
