@@ -255,3 +255,32 @@ def test_one_gpu_fits_bf16_resumes_and_evals(
         "metrics.json").read_text())  # fmt: skip
     # One device in both: the same weights on the same test batches.
     assert record["metrics"]["test/bpb"] == pytest.approx(trained["metrics"]["test/bpb"], rel=1e-2)
+
+
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+def test_every_block_but_the_last_frees_its_gathered_weights_after_forward(
+    reshard_after_forward: bool,
+) -> None:
+    """FSDP2 registers a layer's gathered (plain) weights while it holds them and its shards
+    (DTensors) once it has freed them: after a forward, only the last block, which backward
+    needs first, still holds them (all of them do with reshard_after_forward=false)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from volt.nets.gpt import GPT
+    from volt.strategies.fsdp import mixed_precision, shard
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        holder = torch.nn.Module()
+        holder.net = GPT(block_size=8, vocab_size=16, n_layer=3, n_head=2, n_embd=8)
+        mesh = init_device_mesh("cpu", (1,))
+        shard(
+            holder, ["volt.nets.gpt.Block"], mesh, mixed_precision("32-true"), reshard_after_forward
+        )
+        holder.net(torch.zeros(1, 8, dtype=torch.long))
+        gathered = [not isinstance(b.mlp.fc.weight, DTensor) for b in holder.net.blocks]
+        assert gathered == ([False, False, True] if reshard_after_forward else [True] * 3)
+    finally:
+        torch.distributed.destroy_process_group()

@@ -272,6 +272,11 @@ def shard(
     """fully_shard every layer of a class named in `wrap` (innermost first), then every top-level
     submodule that still holds unsharded parameters.
 
+    The last such layer (in the order the module registers them, a net's forward order) keeps
+    its gathered weights after its forward whatever `reshard_after_forward` says: backward
+    starts with it, so freeing them would only gather them again at once (torchtitan does the
+    same). On 2 H200s (2026-11-28) resharding every block cost the GPT an all-gather a block.
+
     The top-level submodules are the roots, not the LightningModule: Lightning calls
     `training_step` directly, not through `__call__`, so hooks on the LightningModule would not
     run; a submodule's do, when the step calls it (and when sampling calls `net.generate`).
@@ -288,9 +293,12 @@ def shard(
         "mp_policy": policy,
         "reshard_after_forward": reshard_after_forward,
     }
-    for layer in reversed(list(module.modules())):
-        if _dotted(type(layer)) in wrap:
-            fully_shard(layer, **options)
+    layers = [layer for layer in module.modules() if _dotted(type(layer)) in wrap]
+    for layer in reversed(layers):
+        kept = layer is layers[-1]
+        fully_shard(
+            layer, **{**options, "reshard_after_forward": reshard_after_forward and not kept}
+        )
     for child in module.children():
         if any(not isinstance(p, DTensor) for p in child.parameters()):
             fully_shard(child, **options)
