@@ -139,6 +139,7 @@ class Plan:
     # cold: each run compiles into an empty cache of its own, in its warm-up (a fresh machine);
     # shared: all runs use one cache, so a graph an earlier run compiled is read back
     compile_cache: str = "cold"
+    extra: tuple[str, ...] = ()  # more overrides of volt's runs (e.g. an FSDP setting), reported
 
     def cache_env(self, run: str) -> dict[str, str]:
         """The environment of a run: torch.compile's and Triton's caches as `compile_cache` says."""
@@ -309,6 +310,7 @@ def measure(run: str, plan: Plan) -> dict[str, Any]:
         trainer = plan.one_device if run == "volt-gpu" else run.removeprefix("volt-")
         overrides.append(f"trainer.max_steps={plan.warmup + plan.steps}")
         overrides.append(f"trainer.log_every_n_steps={plan.window}")
+        overrides += plan.extra
         command = volt_command(trainer, gpus, outputs, overrides)
     done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO, env=plan.cache_env(run))
     if failed := done.failure():
@@ -472,12 +474,13 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
         model = f" ({billions(params)} parameters)" if params else ""
         rate = {r["run"]: r.get("tokens_per_s") for r in runs}
         columns = ["run", "GPUs", "tokens/s", "MFU per GPU", "peak GiB per GPU", "scaling"]
+        extra = f"; volt's runs with {' '.join(plan['extra'])}" if plan.get("extra") else ""
         lines += [
             "",
             f"experiment={plan['experiment']}{model}, {plan['batch_per_gpu']} windows of"
             f" {plan['block_size']} bytes per GPU, {plan['variant']}: tokens/s of all GPUs over"
             f" {plan['steps']} steps after {plan['warmup']} warm-up steps (compile caches:"
-            f" {plan.get('compile_cache', 'not recorded')}), MFU of each GPU's dense"
+            f" {plan.get('compile_cache', 'not recorded')}{extra}), MFU of each GPU's dense"
             " bf16 peak, peak memory allocated on the fullest GPU, scaling over the same side on"
             f" one GPU ({sum(r['wall_s'] for r in runs):.0f} s for the {len(runs)} runs).",
             "",
@@ -542,6 +545,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         probe_timeout_s=args.probe_timeout,
         work=Path(args.work or tempfile.mkdtemp(prefix="gpt-scaling-")),
         compile_cache=args.compile_cache,
+        extra=tuple(args.extra),
     )
 
 
@@ -552,7 +556,7 @@ def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dic
     }
     if args.runs:
         keys = ("experiment", "variant", "block_size", "batch_per_gpu", "warmup", "steps")
-        keys += ("compile_cache",)
+        keys += ("compile_cache", "extra")
         about["throughput"] = {key: getattr(plan, key) for key in keys}
     if args.largest is not None:
         about["largest"] = {
@@ -591,6 +595,10 @@ def main() -> None:
         "--compile-cache", choices=("cold", "shared"), default="cold",
         help="cold: every run compiles from an empty cache in its warm-up, as on a fresh machine"
         " (default); shared: one cache for all runs, so later runs read what earlier compiled",
+    )  # fmt: skip
+    parser.add_argument(
+        "--extra", nargs="+", default=[], metavar="OVERRIDE",
+        help="more overrides of volt's runs, e.g. trainer.strategy.reshard_after_forward=false",
     )  # fmt: skip
     ladder = "find the largest GPT that trains under DDP and under FSDP on this ladder"
     ladder += f" (default: {' '.join(LADDER)}; tiny: {' '.join(TINY_LADDER)})"
