@@ -296,10 +296,20 @@ def volt_throughput(outputs: Path, plan: Plan) -> dict[str, Any]:
     }
 
 
+def fresh(work: Path, name: str, suffix: str) -> Path:
+    """work/name+suffix, or name-2, name-3, ... where an earlier run in the same --work left
+    its log or outputs (read back by glob, they would mix with this run's: 2026-11-28)."""
+    for n in range(1, 1000):
+        stem = name if n == 1 else f"{name}-{n}"
+        if not (work / stem).exists() and not (work / f"{stem}{suffix}").exists():
+            return work / f"{stem}{suffix}"
+    raise RuntimeError(f"{work} holds 999 runs named {name}: give a new --work")
+
+
 def measure(run: str, plan: Plan) -> dict[str, Any]:
     """One throughput run: tokens/s of all GPUs, MFU per GPU, peak GiB of the fullest GPU."""
     gpus = 1 if run in ("plain-1", "volt-gpu") else plan.gpus
-    log = plan.work / f"{run}.log"
+    log = fresh(plan.work, run, ".log")
     outputs = log.with_suffix("")
     overrides = plan.model_overrides(gpus, plan.batch_per_gpu)
     if run.startswith("plain"):
@@ -342,7 +352,7 @@ def probe(strategy: str, shape: Shape, plan: Plan) -> dict[str, Any]:
     record = {"largest": strategy, "shape": str(shape), "params": params}
     if surely := beyond_memory(strategy, params, plan):
         return {**record, "outcome": surely, "peak_gib": None, "wall_s": 0.0}
-    log = plan.work / f"largest-{strategy}-{shape}.log"
+    log = fresh(plan.work, f"largest-{strategy}-{shape}", ".log")
     overrides = [
         *plan.model_overrides(plan.gpus, plan.probe_batch_per_gpu),
         f"model.net.n_layer={shape.n_layer}",
