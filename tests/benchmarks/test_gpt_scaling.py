@@ -153,7 +153,7 @@ def test_a_rung_whose_optimiser_state_outgrows_a_gpu_is_not_run(
     scaling: ModuleType, tmp_path: Path
 ) -> None:
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options |= dict(runs=[], largest=[], compile_cache="cold")
+    options |= dict(runs=[], largest=[], compile_cache="cold", extra=[])
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
     )
@@ -252,7 +252,7 @@ def test_both_sides_get_the_same_compile_cache_policy(
     # compiled before them (issue #40): every run now starts from an empty cache of its own, or
     # all share one; the report names which.
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options |= dict(runs=["plain-1"], largest=None, compile_cache=cache)
+    options |= dict(runs=["plain-1"], largest=None, compile_cache=cache, extra=[])
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
     )
@@ -268,3 +268,13 @@ def test_both_sides_get_the_same_compile_cache_policy(
         ]["compile_cache"]
         == cache
     )
+
+
+def test_a_run_in_a_used_work_folder_gets_a_fresh_name(scaling: ModuleType, tmp_path: Path) -> None:
+    # Its CSV windows are read back by glob under its outputs: a second volt-fsdp run in the
+    # same --work read both runs' windows (2 H200s, 2026-11-28).
+    assert scaling.fresh(tmp_path, "volt-fsdp", ".log") == tmp_path / "volt-fsdp.log"
+    (tmp_path / "volt-fsdp").mkdir()
+    assert scaling.fresh(tmp_path, "volt-fsdp", ".log") == tmp_path / "volt-fsdp-2.log"
+    (tmp_path / "volt-fsdp-2.log").write_text("")
+    assert scaling.fresh(tmp_path, "volt-fsdp", ".log") == tmp_path / "volt-fsdp-3.log"
