@@ -29,6 +29,7 @@ import json
 import math
 import os
 import pstats
+import re
 import statistics
 import sys
 import tempfile
@@ -379,7 +380,9 @@ def print_trace(tracer: torch.profiler.profile, steps: int, to: Path) -> None:
 
 
 def measure(row: dict[str, Any], side: str, args: argparse.Namespace) -> dict[str, Any]:
-    name = f"{row['workload']}_{row['variant']}_{side}".replace(" ", "").replace(",", "_")
+    # letters, digits, '.', '_' and '-' alone: files with a '+' did not come back from the GPU
+    # machine (2026-11-28)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{row['workload']}_{row['variant']}_{side}")
     command = [sys.executable, __file__, "--side", side, "--row", json.dumps(row)]
     command += ["--steps", str(args.steps), "--repeats", str(args.repeats)]
     command += ["--data-root", args.data_root]
