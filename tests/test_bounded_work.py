@@ -127,13 +127,17 @@ def start_endless_prediction(outputs: Path, *patch: str) -> tuple[subprocess.Pop
     process = subprocess.Popen(
         command, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    deadline = time.monotonic() + 180
-    while not list(outputs.glob("eval/runs/*/predictions.csv")):
+    # Predicting once predictions.csv's staged file (volt.folder_files.replacing) is there, seen
+    # twice half a second apart: the records' staged files last microseconds.
+    deadline, staged = time.monotonic() + 180, "eval/runs/*/.volt-*.tmp"
+    seen: set[Path] = set()
+    while not seen & (now := set(outputs.glob(staged))):
         assert process.poll() is None and time.monotonic() < deadline, process.stdout
+        seen = now
         time.sleep(0.5)
     time.sleep(2)  # into the generation loop
-    for each in outputs.glob("eval/runs/*/predictions.csv"):
-        each.unlink()
+    for each in outputs.glob(staged):
+        each.unlink()  # so that the next prediction's wait sees its own
     return process, checkpoint
 
 

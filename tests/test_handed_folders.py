@@ -3,32 +3,47 @@ malformed files in it are refused in one line before volt writes anything, and e
 replaces a file rather than following what stands at its name. Each case has a control that
 shows the route firing with volt's check taken out, so each case can fail."""
 
+import ast
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import BinaryIO
 
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
+from rich.console import Console
 
+import volt.callbacks.prediction_writer
 import volt.console
 import volt.errors
 import volt.folder_files
 import volt.runs.lock
 import volt.runs.records
+from tests.named_runs import train_steps
+from volt.callbacks.prediction_writer import CSVPredictionWriter
 from volt.checkpointing import find_latest_valid_checkpoint
 from volt.config import PROJECT_ROOT
-from volt.console import exit_on_config_error
+from volt.console import (
+    Terminal,
+    config_tree,
+    exit_on_config_error,
+    print_result,
+    save_config_tree,
+)
 from volt.errors import ConfigError
 from volt.folder_files import FolderFileError, check_folder, read_json_object, read_yaml
 from volt.loggers.tracked_run import tracked_run
 from volt.runs import lock_run_dir
 from volt.runs.resume import check_same_run, plan_resume
+from volt.strategies import stuck_rank_zero
 from volt.sweeps import summary
 from volt.sweeps.summary import CSV_FILE, MARKDOWN_FILE, write_sweep_summary
 
@@ -217,6 +232,87 @@ def test_a_lock_file_that_is_no_regular_file_is_refused(
         monkeypatch.setattr(volt.runs.lock, "open_regular", opened_as_before)
         lock_run_dir(tmp_path).release()  # type: ignore[union-attr]
         assert "pid" in victim.read_text()
+
+
+class OldWrite:
+    """A file opened at its name, as the writers below did before: through what stands there."""
+
+    def __init__(self, path: Path, within: Path) -> None:
+        self.file = path.open("wb")
+
+    def __enter__(self) -> BinaryIO:
+        return self.file
+
+    def __exit__(self, *error: object) -> None:
+        self.file.close()
+
+
+def old_write(path: Path, within: Path, data: str | bytes) -> None:
+    with OldWrite(path, within) as file:
+        file.write(data.encode() if isinstance(data, str) else data)
+
+
+def test_the_config_tree_file_replaces_a_link(
+    tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "config_tree.txt").symlink_to(victim)
+    save_config_tree(config_tree({"seed": 1}), tmp_path / "config_tree.txt")
+    assert victim.read_text() == "a user's file\n"
+    assert "seed" in (tmp_path / "config_tree.txt").read_text()
+    # the control: written as before, at its name, through the link
+    (tmp_path / "config_tree.txt").unlink()
+    (tmp_path / "config_tree.txt").symlink_to(victim)
+    monkeypatch.setattr(volt.console, "write_replacing", old_write)
+    save_config_tree(config_tree({"seed": 1}), tmp_path / "config_tree.txt")
+    assert "seed" in victim.read_text()
+
+
+def predict_two_rows(output_dir: Path) -> None:
+    writer = CSVPredictionWriter(output_dir)
+    trainer = SimpleNamespace(global_rank=0, world_size=1)
+    writer.on_predict_start(trainer, None)  # type: ignore[arg-type]  # the two fields it reads
+    writer.write_on_batch_end(trainer, None, torch.tensor([3, 4]), [0, 1], None, 0, 0)  # type: ignore[arg-type]
+    writer.on_predict_end(trainer, None)  # type: ignore[arg-type]
+
+
+def test_predictions_replace_a_link_and_a_failed_prediction_leaves_no_file(
+    tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "predictions.csv").symlink_to(victim)
+    predict_two_rows(tmp_path)
+    assert victim.read_text() == "a user's file\n"
+    assert (tmp_path / "predictions.csv").read_bytes() == b"index,prediction\r\n0,3\r\n1,4\r\n"
+    writer = CSVPredictionWriter(tmp_path / "stopped")
+    trainer = SimpleNamespace(global_rank=0, world_size=1)
+    writer.on_predict_start(trainer, None)  # type: ignore[arg-type]
+    writer.on_exception(trainer, None, KeyboardInterrupt())  # type: ignore[arg-type]
+    assert list((tmp_path / "stopped").iterdir()) == []
+    # the control: opened as before, at its name, through the link
+    (tmp_path / "predictions.csv").unlink()
+    (tmp_path / "predictions.csv").symlink_to(victim)
+    monkeypatch.setattr(volt.callbacks.prediction_writer, "replacing", OldWrite)
+    predict_two_rows(tmp_path)
+    assert victim.read_bytes() == b"index,prediction\r\n0,3\r\n1,4\r\n"
+
+
+def test_the_watchdog_of_a_stuck_rank_zero_follows_no_run_json_link(
+    tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """volt.strategies.stuck_rank_zero reads run.json until the run leaves "running", then
+    records the failure there and kills rank 0: a link at run.json is no run of volt's."""
+    victim.write_text('{"status": "running"}\n')
+    (tmp_path / "run.json").symlink_to(victim)
+    with subprocess.Popen(["sleep", "60"]) as rank_zero:  # what the watchdog would kill
+        assert not stuck_rank_zero.end_stuck_run(rank_zero.pid, tmp_path / "run.json", 0.2, "x")
+        assert rank_zero.poll() is None and victim.read_text() == '{"status": "running"}\n'
+        # the control: read and written as before, through the link
+        monkeypatch.setattr(
+            stuck_rank_zero, "read_json_object", lambda path, within: json.loads(path.read_text())
+        )
+        monkeypatch.setattr(stuck_rank_zero, "write_replacing", old_write)
+        assert stuck_rank_zero.end_stuck_run(rank_zero.pid, tmp_path / "run.json", 0.2, "x")
+        assert rank_zero.wait(timeout=10) == -signal.SIGKILL
+    assert json.loads(victim.read_text())["status"] == "failed"
 
 
 def test_resume_reads_no_fifo_overrides_and_no_bomb(
@@ -414,6 +510,51 @@ def test_an_error_quoting_file_text_ends_in_one_escaped_line(
     assert "\x1b[1A" in capsys.readouterr().err
 
 
+def consoles_not_through_the_terminal() -> list[str]:
+    """Where src/volt makes a rich Console of its own, or takes rich's global one."""
+    made = []
+    for path in sorted((PROJECT_ROOT / "src" / "volt").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", getattr(node.func, "attr", None))
+                if name in ("Console", "get_console"):
+                    made.append(f"{path.relative_to(PROJECT_ROOT)}:{node.lineno}")
+    return made
+
+
+def test_every_console_of_volts_is_a_terminal() -> None:
+    """One mechanism escapes what the console prints (volt.console.Terminal): a Console made
+    anywhere else would print a file's escape sequences raw."""
+    assert consoles_not_through_the_terminal() == []
+
+
+def print_a_result(folder: Path) -> None:
+    print_result({ERASES_AND_PASSES: 1.0}, folder)
+
+
+def print_a_sweep_summary(folder: Path) -> None:
+    escape = ERASES_AND_PASSES.replace("\x1b", "\\e")  # \e: YAML's escape character
+    summary.print_sweep_summary(make_sweep(folder, f'- "seed={escape}"\n'))
+
+
+@pytest.mark.parametrize("print_it", [print_a_result, print_a_sweep_summary])
+def test_a_terminal_escape_from_a_file_reaches_no_console_raw(
+    print_it: Callable[[Path], None],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "300")
+    print_it(tmp_path / "a")
+    out = capsys.readouterr().out
+    # escaped before the table is laid out: its column as wide as the escaped text
+    assert "\x1b" not in out and f"│ {ascii(ERASES_AND_PASSES)[1:-1]} │" in out, out
+    # the control: a plain rich Console, the sequence raw on the terminal
+    monkeypatch.setattr(Terminal, "render", Console.render)
+    print_it(tmp_path / "b")
+    assert ERASES_AND_PASSES in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("value", [{1, 2}, torch.zeros(2)], ids=["set", "tensor"])
 def test_a_stored_value_no_config_holds_is_refused_in_one_line(
     value: object, tmp_path: Path
@@ -502,3 +643,52 @@ def test_a_malformed_record_read_by_the_run_alone_is_refused_after_hydra_wrote(
     done = train_named(outputs, *patch, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
     assert snapshot(folder) != before
+
+
+# An extra state_dict key holding a newline and a log-formatted line (issue #41): torch's
+# load_state_dict quotes unexpected keys as they are, and a resume printed its traceback.
+FORGED_KEY = "w\n2026-11-28 01:00:00 INFO    volt: evaluation passed"
+
+
+def forges_a_line(line: str) -> bool:
+    # (rich's console wraps at spaces, and the escaped key's "'w\\n2026-11-28" holds none)
+    return line.lstrip().startswith("2026-11-28 01:00:00")
+
+
+def resume_with_a_forged_key(outputs: Path, *patch: str) -> subprocess.CompletedProcess[str]:
+    """A named run of one step, FORGED_KEY put into each of its checkpoints, continued to two
+    steps; `patch`: Python lines run before train.py."""
+    trained = train_steps(outputs, "handed", 1)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    for path in (outputs / "train" / "runs" / "handed" / "checkpoints").glob("*.ckpt"):
+        checkpoint = torch.load(path, weights_only=True)
+        checkpoint["state_dict"][FORGED_KEY] = torch.zeros(())
+        torch.save(checkpoint, path)
+    (outputs / "train" / "runs" / "handed" / "metrics.json").unlink()  # as if it was stopped
+    start = "; ".join([*patch, "import runpy", "runpy.run_path('train.py', run_name='__main__')"])
+    command = [sys.executable, "-c", start, "name=handed", "trainer.max_steps=2"]
+    command += ["callbacks.progress_bar=null", "callbacks.model_summary=null", "logger=none"]
+    command += ["test=false", f"paths.outputs_dir={outputs}"]
+    return subprocess.run(
+        command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=240, check=False
+    )
+
+
+def test_a_state_dict_key_with_a_newline_forges_no_line_on_resume(tmp_path: Path) -> None:
+    """Such a checkpoint is passed over as damaged, in one escaped line; the run starts again."""
+    done = resume_with_a_forged_key(tmp_path / "outputs")
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = (done.stdout + done.stderr).splitlines()
+    assert not any(forges_a_line(line) for line in said), said
+    log = (tmp_path / "outputs" / "train" / "runs" / "handed" / "train.log").read_text()
+    skipped = [line for line in log.splitlines() if "skipping damaged checkpoint" in line]
+    assert skipped and all(ascii(FORGED_KEY) in line for line in skipped), log
+    assert "\n2026-11-28 01:00:00" not in log
+
+
+@pytest.mark.slow  # two runs that start: about 20 s on 2 cores
+def test_a_state_dict_key_with_a_newline_forges_a_line_without_the_check(tmp_path: Path) -> None:
+    patch = "import volt.checkpointing.atomic_io as a", "a._check_weight_names = lambda *x: None"
+    done = resume_with_a_forged_key(tmp_path / "outputs", *patch)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert any(forges_a_line(line) for line in done.stderr.splitlines()), done.stderr[-3000:]

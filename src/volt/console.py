@@ -1,6 +1,8 @@
 """What volt prints: the config tree at start (verbose=true; always in config_tree.txt), one line
-naming the hardware set-up, the result."""
+naming the hardware set-up, the result; and `Terminal`, the rich Console every table and print
+of volt goes through."""
 
+import copy
 import io
 import logging
 import os
@@ -8,7 +10,8 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -18,19 +21,66 @@ from hydra.errors import InstantiationException
 # Lightning's own rank_zero_only (it sets `.rank` on import), from the package that holds it
 # without importing torch: a composition error reaches exit_on_config_error before either.
 from lightning_utilities.core.rank_zero import rank_zero_only
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from volt.errors import ConfigError, controls_escaped, escaped
+from volt.errors import ConfigError, controls_escaped
+from volt.folder_files import write_replacing
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
 log = logging.getLogger("volt")
 FIRST_GROUPS = ("data", "model", "trainer", "compile", "callbacks", "logger")
+
+
+class Terminal(Console):
+    """The rich Console volt prints through, every one of them (tables, trees, lines): text from a
+    file (a handed-over run's metric names, a sweep job's overrides) may hold a terminal escape
+    sequence that erases the line above and prints a green "passed". Here every control character
+    but line breaks and tabs is shown escaped (`\\x1b`), whichever renderable it comes through, so
+    no caller escapes its own: texts and tables before they are laid out, other renderables'
+    segments as they are made. A line break stays: volt's own text has them, and a table's cell
+    keeps it between its borders, where no line of volt's can be forged."""
+
+    def render(
+        self, renderable: RenderableType, options: ConsoleOptions | None = None
+    ) -> Iterable[Segment]:
+        for segment in super().render(_escaped(renderable), options):
+            # Segments of other renderables (Syntax's, say), escaped as they are made; control
+            # segments are rich's own (cursor moves of a live display).
+            if segment.control or _printable(segment.text):
+                yield segment
+            else:
+                yield Segment(controls_escaped(segment.text), segment.style)
+
+
+def _escaped(renderable: RenderableType) -> RenderableType:
+    """A text, or a table's headers and cells, escaped before they are laid out: a column is as
+    wide as the escaped text, which is shown whole. The caller's objects are left as they are."""
+    if isinstance(renderable, str):
+        return controls_escaped(renderable)
+    if isinstance(renderable, Text) and not _printable(renderable.plain):
+        text = renderable.copy()
+        text.plain = controls_escaped(text.plain)
+        return text
+    if isinstance(renderable, Table):
+        table = copy.copy(renderable)
+        # `_cells` is the column's dataclass field, which rich's own Column.copy replaces so.
+        table.columns = [
+            replace(c, header=_escaped(c.header), _cells=[_escaped(cell) for cell in c.cells])
+            for c in renderable.columns
+        ]
+        return table
+    return renderable
+
+
+def _printable(text: str) -> bool:
+    return text.isprintable() or controls_escaped(text) == text
 
 
 def route_lightning_logs() -> None:
@@ -115,13 +165,14 @@ def config_tree(config: Mapping[str, Any]) -> Tree:
 
 @rank_zero_only
 def save_config_tree(tree: Tree, path: Path) -> None:
-    with path.open("w", errors="backslashreplace") as f:
-        Console(file=f, width=120).print(tree)
+    text = io.StringIO()
+    Terminal(file=text, width=120).print(tree)
+    write_replacing(path, path.parent, text.getvalue())  # a link at its name is not followed
 
 
 @rank_zero_only
 def print_config_tree(tree: Tree) -> None:
-    Console().print(tree)
+    Terminal().print(tree)
 
 
 def describe_setup(trainer: "pl.Trainer", compile_mode: str | None) -> str:
@@ -140,15 +191,16 @@ def describe_setup(trainer: "pl.Trainer", compile_mode: str | None) -> str:
 @rank_zero_only
 def print_result(metrics: Mapping[str, float], run_dir: Path) -> None:
     """The final metrics. They may come from a finished run's metrics.json, which a handed-over
-    run directory brings: names and values are shown as text, never read as rich markup."""
+    run directory brings: names and values are shown as text, never read as rich markup (and
+    their control characters escaped by the Terminal)."""
     table = Table(title="Result")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in sorted(metrics.items(), key=lambda item: str(item[0])):
         number = isinstance(value, int | float) and not isinstance(value, bool)
         shown = f"{value:.4f}" if number else repr(value)
-        table.add_row(Text(escaped(str(name))), Text(shown))
-    console = Console()
+        table.add_row(Text(str(name)), Text(shown))
+    console = Terminal()
     console.print(table)
     console.print(f"Run directory: [bold]{run_dir}[/bold]")
 

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from volt.console import Terminal
+
 _GIB = 1024**3
 
 
@@ -183,7 +185,7 @@ def print_report(console: Console, report: dict[str, Any]) -> None:
 def format_device_report(report: dict[str, Any]) -> str:
     """The report as plain multi-line text (no colour codes), as `python -m volt.env` shows it."""
     buffer = io.StringIO()
-    print_report(Console(file=buffer, width=100, color_system=None, force_terminal=False), report)
+    print_report(Terminal(file=buffer, width=100, color_system=None, force_terminal=False), report)
     return buffer.getvalue()
 
 

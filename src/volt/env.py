@@ -4,8 +4,7 @@ visible GPU, as a table (or JSON with --json; that is how a run collects it in a
 import argparse
 import json
 
-from rich.console import Console
-
+from volt.console import Terminal
 from volt.device_report import collect_device_report, print_report
 
 
@@ -17,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print_report(Console(), report)
+    print_report(Terminal(), report)
 
 
 if __name__ == "__main__":

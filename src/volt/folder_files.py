@@ -19,8 +19,9 @@ import os
 import secrets
 import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -106,15 +107,24 @@ def read_overrides(path: Path, within: Path) -> list[str]:
 
 
 def write_replacing(path: Path, within: Path, data: str | bytes) -> None:
-    """`data` into a new file beside `path`, then renamed over it: a reader sees the old file
-    or the new one, and whatever stood at `path` (a link included) is replaced, not followed."""
+    """`data` into `path`, as `replacing` writes."""
+    with replacing(path, within) as file:
+        file.write(data.encode() if isinstance(data, str) else data)
+
+
+@contextmanager
+def replacing(path: Path, within: Path) -> Iterator[BinaryIO]:
+    """A new file beside `path` to write into, renamed over `path` when the block ends: a reader
+    sees the old file or the whole new one, and whatever stood at `path` (a link included) is
+    replaced, not followed. On an error the new file is removed and `path` left as it was. For
+    a file written piece by piece (predictions.csv); `write_replacing` for one written at once."""
     # The target's name stays out of the staged one: TensorBoard reads any name holding
     # `tfevents`, a sweep summary reader any `summary.csv*`.
     staged = path.with_name(f".volt-{os.getpid()}-{secrets.token_hex(4)}.tmp")
     fd = open_regular(staged, within, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         with os.fdopen(fd, "wb") as file:
-            file.write(data.encode() if isinstance(data, str) else data)
+            yield file
         os.replace(staged, path)
     except BaseException:
         staged.unlink(missing_ok=True)

@@ -7,8 +7,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.utilities.types import STEP_OUTPUT
-from rich.console import Console
 from rich.table import Table
+
+from volt.console import Terminal
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class GPUMemoryMonitor(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Printed after the progress bar has finished drawing, so the two do not interleave.
         if self._summary and trainer.is_global_zero:
-            Console().print(peak_memory_table(self._summary))
+            Terminal().print(peak_memory_table(self._summary))
 
     def _fold_fit_peak(self, device: torch.device) -> None:
         allocated, reserved = self._fit_peaks[device.index]

@@ -1,14 +1,18 @@
 """Predictions to a CSV file as they are made, whatever the task returns from `predict_step`."""
 
 import csv
+import io
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
+
+from volt.folder_files import replacing
 
 
 def _cell(value: Any) -> Any:
@@ -45,12 +49,17 @@ class CSVPredictionWriter(BasePredictionWriter):
 
     The first column is the sample's index in the prediction data set when the loader's sampler
     tells it (Lightning's `batch_indices`), else a running count.
+
+    The rows go to a new file beside it, renamed over it when prediction ends (volt.folder_files):
+    the output folder can be a handed-over run's, and a link at the file's name is replaced, not
+    written through. A prediction that fails or is stopped leaves no partial file.
     """
 
     def __init__(self, output_dir: str | Path) -> None:
         super().__init__(write_interval="batch")
         self.output_dir = Path(output_dir)
         self._file: IO[str] | None = None
+        self._staged = ExitStack()
         self._writer: csv.DictWriter[str] | None = None
         self._count = 0
         self.path: Path | None = None
@@ -59,7 +68,8 @@ class CSVPredictionWriter(BasePredictionWriter):
         suffix = f"_rank{trainer.global_rank}" if trainer.world_size > 1 else ""
         self.path = self.output_dir / f"predictions{suffix}.csv"
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("w", newline="")
+        binary = self._staged.enter_context(replacing(self.path, self.output_dir))
+        self._file = self._staged.enter_context(io.TextIOWrapper(binary, "utf-8", newline=""))
         self._writer = None
         self._count = 0
 
@@ -86,11 +96,12 @@ class CSVPredictionWriter(BasePredictionWriter):
             self._writer.writerow({"index": index, **row})
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._staged.close()  # the file renamed into place
+        self._file = None
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self.on_predict_end(trainer, pl_module)
+        # The block `replacing` opened ends on the error: its file is removed.
+        self._staged.__exit__(type(exception), exception, exception.__traceback__)
+        self._file = None

@@ -32,6 +32,7 @@ from volt.checkpointing.tensor_sizes import (
     check_expanded_size,
     check_tensor_sizes,
 )
+from volt.errors import escaped
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,7 +126,8 @@ def find_latest_valid_checkpoint(
     milliseconds even for a checkpoint of many GB. A sharded checkpoint (a folder) is checked
     likewise: its metadata against its shard files (present, long enough), its meta.pt parsed.
     A name with a control character (a newline, say) is passed over: volt never writes one, and
-    logged as it is it would forge a line of train.log. A missing directory gives (None, []).
+    logged as it is it would forge a line of train.log; so is a file whose state_dict holds such a
+    key (`_load`). A missing directory gives (None, []).
     """
     if not directory.is_dir():
         return None, []
@@ -176,7 +178,21 @@ def _load(path: Path, map_location: Any, weights_only: bool) -> dict[str, Any]:
         check_tensor_sizes(checkpoint, path)
     except OversizedTensorError as err:
         raise CheckpointLoadError(f"Cannot load checkpoint {err}") from err
+    _check_weight_names(checkpoint, path)
     return checkpoint
+
+
+def _check_weight_names(checkpoint: dict[str, Any], path: Path) -> None:
+    """No module names a weight with a control character; a handed-over file's extra key holding
+    a newline and a log-formatted line would forge that line on stderr, in the traceback of
+    torch's `load_state_dict`, which quotes unexpected keys as they are."""
+    weights = checkpoint.get("state_dict")
+    for key in weights if isinstance(weights, dict) else ():
+        if not str(key).isprintable():
+            raise CheckpointLoadError(
+                f"Cannot load checkpoint {path}: its state_dict holds the key {escaped(str(key))},"
+                " with a control character, which no module's weight is named with"
+            )
 
 
 def _load_folder(path: Path, read: Callable[[Path], T]) -> T:

@@ -9,7 +9,9 @@ thread of rank 0 runs again, its watcher neither. This separate process waits GR
 run to end (its run.json to leave "running"); if it has not, it says why the run ended (LINE,
 the failed rank's one line), records the run as failed and kills rank 0 and its children.
 
-Standard library only, so that it starts at once.
+Standard library and volt.folder_files only, so that it starts at once: run.json is read and
+written as every file of a run folder is (no link followed, no FIFO waited on, replaced not
+written through).
 """
 
 import contextlib
@@ -23,11 +25,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from volt.folder_files import read_json_object, write_replacing
+
 
 def run_is_running(run_json: Path) -> bool:
     try:
-        return json.loads(run_json.read_text()).get("status") == "running"
-    except (OSError, ValueError):
+        return read_json_object(run_json, run_json.parent).get("status") == "running"
+    except (OSError, ValueError):  # FolderFileError included: a file volt did not write
         return False
 
 
@@ -67,13 +71,13 @@ def end_stuck_run(pid: int, run_json: Path, grace_s: float, line: str) -> bool:
         file=sys.stderr,
         flush=True,
     )
-    record = json.loads(run_json.read_text())
+    record = read_json_object(run_json, run_json.parent)
     record.update(
         status="failed",
         error=f"RankFailedError: {line}",
         ended=datetime.now().isoformat(timespec="seconds"),
     )
-    run_json.write_text(json.dumps(record, indent=2) + "\n")
+    write_replacing(run_json, run_json.parent, json.dumps(record, indent=2) + "\n")
     for each in [*children_of(pid), pid]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(each, signal.SIGKILL)

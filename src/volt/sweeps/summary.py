@@ -13,11 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from volt.console import escape_what_the_console_cannot_print, exit_on_config_error
+from volt.console import Terminal, escape_what_the_console_cannot_print, exit_on_config_error
 from volt.errors import ConfigError, escaped
 from volt.folder_files import read_overrides, read_yaml, write_replacing
 from volt.metric_names import find_watched
@@ -188,15 +187,15 @@ def print_sweep_summary(sweep_dir: Path) -> None:
     title = f"Sweep summary ({len(rows)} jobs, best {mode} {column} first) -> {sweep_dir}"
     table = Table(title=title)
     # Names and values come from the jobs' files, which a handed-over sweep folder brings: shown
-    # as text (never rich markup), control characters escaped.
+    # as text (never rich markup), control characters escaped by the Terminal.
     for name in shown:
-        table.add_column(Text(escaped(name)), style="bold" if name == column else None)
+        table.add_column(Text(name), style="bold" if name == column else None)
     for row in rows:
-        table.add_row(*(Text(escaped(row.get(c, ""))) for c in shown))
+        table.add_row(*(Text(row.get(c, "")) for c in shown))
     escape_what_the_console_cannot_print()  # in a sweep's own process, which trains nothing
-    console = Console()
+    console = Terminal()
     if not console.is_terminal:  # a log file or a pipe: as wide as the table, no cell cut short
-        console = Console(
+        console = Terminal(
             width=max(
                 console.width,
                 console.measure(table, options=console.options.update_width(10_000)).maximum,
