@@ -8,17 +8,26 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import yaml
+from omegaconf import DictConfig
 
-from volt.checkpointing import AtomicCheckpointIO, CheckpointLoadError, atomic_io, dcp_reading
+from volt.checkpointing import (
+    AtomicCheckpointIO,
+    CheckpointLoadError,
+    atomic_io,
+    dcp_reading,
+    measure_checkpoint_files,
+)
 from volt.checkpointing.dcp_reading import read_metadata
 from volt.checkpointing.load_errors import UnsafeCheckpointError
 from volt.config import PROJECT_ROOT
+from volt.config.validation import check_config
 from volt.errors import ConfigError
 from volt.rebuild import STORED_CAPS, _check_caps, bound_first_forward
 
@@ -65,6 +74,40 @@ def test_a_sparse_shard_under_large_declared_tensors_is_refused(
     # the control: measured by its apparent size, the hole passes for 4 MiB of weights
     monkeypatch.setattr(dcp_reading, "bytes_on_disk", lambda path: path.stat().st_size)
     read_metadata(folder)
+
+
+@pytest.fixture
+def measured_by_apparent_size() -> Iterator[None]:
+    measure_checkpoint_files("apparent")
+    yield
+    measure_checkpoint_files("allocated")
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+@pytest.mark.usefixtures("measured_by_apparent_size")
+def test_checkpoint_bytes_apparent_measures_a_file_by_its_size(tmp_path: Path) -> None:
+    """For a compressing file system (ZFS, btrfs), where a genuine checkpoint takes fewer blocks
+    than it holds: the bound gives way, a sparse file's hole passes too."""
+    folder = tmp_path / "sharded"
+    dcp.save({"embedding": torch.ones(1024, 1024)}, checkpoint_id=folder, no_dist=True)
+    (shard,) = folder.glob("*.distcp")
+    size = shard.stat().st_size
+    os.truncate(shard, 0)
+    os.truncate(shard, size)
+    read_metadata(folder)
+
+
+def test_checkpoint_bytes_is_checked_and_free_to_change_between_attempts(
+    compose_config: Callable[..., DictConfig],
+) -> None:
+    check_config(compose_config("train", ["checkpoint_bytes=apparent"]))
+    with pytest.raises(ConfigError, match="checkpoint_bytes='blocks' is not valid: use allocated"):
+        check_config(compose_config("train", ["checkpoint_bytes=blocks"]))
+    eval_config = yaml.safe_load((PROJECT_ROOT / "conf" / "eval.yaml").read_text())
+    assert eval_config["checkpoint_bytes"] == "allocated"
+    # a named run on ZFS is continued with the key added, as the same run (volt.runs.resume)
+    hydra = yaml.safe_load((PROJECT_ROOT / "conf" / "hydra" / "default.yaml").read_text())
+    assert "checkpoint_bytes" in hydra["job"]["config"]["override_dirname"]["exclude_keys"]
 
 
 def test_a_stored_generation_length_above_its_cap_is_refused() -> None:

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 from omegaconf import DictConfig
 
 from volt.build import TrainingObjects
+from volt.checkpointing import measure_checkpoint_files
 from volt.config.validation import check_config, check_machine
 from volt.console import (
     describe_setup,
@@ -27,6 +28,7 @@ log = logging.getLogger("volt")
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_config(cfg)
     check_machine(cfg)
+    measure_checkpoint_files(cfg.checkpoint_bytes)
     stored = read_evaluated_run(cfg)
     route_lightning_logs()
     silence_known_warnings()

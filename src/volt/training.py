@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from volt.build import TrainingObjects, build_training
 from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.callbacks.watched_metric import WatchedMetricCheck
+from volt.checkpointing import measure_checkpoint_files
 from volt.config.redaction import redacted_container
 from volt.config.validation import check_config, check_machine, check_resolves
 from volt.console import (
@@ -89,6 +90,7 @@ def prepare_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     check_config(cfg)
     check_resolves(cfg)
     check_machine(cfg)
+    measure_checkpoint_files(cfg.checkpoint_bytes)
     route_lightning_logs()
     silence_known_warnings()
     resolved = redacted_container(cfg)

@@ -19,6 +19,7 @@ from volt.checkpointing.stored_config import (
     read_stored_config,
     read_trained_weights,
 )
+from volt.checkpointing.tensor_sizes import measure_checkpoint_files
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -29,6 +30,7 @@ __all__ = [
     "find_latest_valid_checkpoint",
     "finish_sharded_save",
     "is_sharded_checkpoint",
+    "measure_checkpoint_files",
     "read_sharded_checkpoint",
     "read_sharded_into",
     "read_sharded_weights",

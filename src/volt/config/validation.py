@@ -30,6 +30,14 @@ PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-t
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
+# Train's and eval's: what a checkpoint's tensors are measured against (volt.checkpointing).
+CHECKPOINT_BYTES = Rule(
+    "checkpoint_bytes",
+    one_of("allocated", "apparent"),
+    "allocated or apparent",
+    "checkpoint_bytes=apparent",
+)
+
 TRAIN_RULES = (
     path_part("task_name", "task_name=train"),
     path_part("name", "name=cifar-baseline"),
@@ -111,6 +119,7 @@ TRAIN_RULES = (
         "matmul_precision=high",
     ),
     Rule("float8", one_of(True, False), "true or false", "float8=true"),
+    CHECKPOINT_BYTES,
     Rule("tune", one_of(None, "batch_size", "lr"), "null, batch_size or lr", "tune=lr"),
     Rule("verbose", one_of(True, False), "true or false", "verbose=true"),
     *TRAINER_RULES,
@@ -143,6 +152,7 @@ EVAL_RULES = (
     ),
     Rule("batch_size", int_from(1, or_null=True), "null or a positive integer", "batch_size=256"),
     Rule("max_new_tokens", int_from(1), "a positive integer", "max_new_tokens=4096"),
+    CHECKPOINT_BYTES,
 )
 
 
