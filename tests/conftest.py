@@ -10,13 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
-from volt.config import CONF_DIR, PROJECT_ROOT
-from volt.config.composition import VERSION_BASE
+from tests.in_process import FAST, RunHere, compose_in, run_here
+from volt.config import PROJECT_ROOT
 
 # Test modules that import an optional extra's package, left out where it is not installed: a GPU
 # machine with only torch and Lightning still collects the rest (`pytest -m gpu`). CI installs
@@ -160,7 +158,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def fast() -> list[str]:
     """Overrides that keep a test run small and quiet: few epochs, no progress-bar redraws."""
-    return ["trainer.max_epochs=2", "callbacks.progress_bar=null", "callbacks.model_summary=null"]
+    return list(FAST)
 
 
 @pytest.fixture
@@ -168,22 +166,7 @@ def compose_config(tmp_path: Path) -> Callable[..., DictConfig]:
     """compose_config("train", ["model=cnn"]) -> the config a job would get, run dir in tmp_path."""
 
     def _compose(config_name: str = "train", overrides: list[str] | None = None) -> DictConfig:
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
-            cfg = compose(
-                config_name,
-                overrides=[f"paths.outputs_dir={tmp_path / 'outputs'}", *(overrides or [])],
-                return_hydra_config=True,
-            )
-        run_dir = tmp_path / "run"
-        run_dir.mkdir(exist_ok=True)
-        with open_dict(cfg):
-            cfg.hydra.runtime.output_dir = str(run_dir)
-            cfg.hydra.job.name = config_name
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            del cfg["hydra"]
-        return cfg
+        return compose_in(tmp_path, config_name, overrides or [])
 
     yield _compose
     GlobalHydra.instance().clear()
@@ -224,5 +207,20 @@ def run_volt(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
                     os.killpg(process.pid, signal.SIGKILL)
                 raise
         return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+    return _run
+
+
+@pytest.fixture
+def run_volt_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> RunHere:
+    """run_volt_here(["name=x"]) runs what run_volt(["name=x"]) runs, outputs in tmp_path too,
+    in this process (tests/in_process.py): for a test that needs a run's result, not a process
+    of its own; it saves a fresh interpreter's torch and Lightning import."""
+
+    def _run(args: list[str], module: str | None = None) -> subprocess.CompletedProcess[str]:
+        outputs = f"paths.outputs_dir={tmp_path / 'outputs'}"
+        return run_here([*args, outputs], module, capsys, monkeypatch)
 
     return _run

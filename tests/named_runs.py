@@ -8,12 +8,9 @@ from pathlib import Path
 from volt.config import PROJECT_ROOT
 
 
-def train_steps(
-    outputs: Path, name: str, steps: int, *extra: str, timeout: float = 240
-) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "train.py",
+def steps_overrides(name: str, steps: int, *extra: str) -> list[str]:
+    """The overrides of such a run, for conftest's run_volt_here as for train_steps."""
+    return [
         f"name={name}",
         f"trainer.max_steps={steps}",
         *extra,
@@ -21,6 +18,16 @@ def train_steps(
         "callbacks.model_summary=null",
         "logger=none",
         "test=false",
+    ]
+
+
+def train_steps(
+    outputs: Path, name: str, steps: int, *extra: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "train.py",
+        *steps_overrides(name, steps, *extra),
         f"paths.outputs_dir={outputs}",
     ]
     return subprocess.run(

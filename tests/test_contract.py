@@ -1,6 +1,8 @@
 """The build contract: a LightningModule and LightningDataModule of the user's own, plain Lightning
 (tests/user_task.py), train, resume, evaluate and predict through volt's entry points with nothing
-volt-specific but their config files (tests/user_task_conf/) and `task=plain`."""
+volt-specific but their config files (tests/user_task_conf/) and `task=plain`. The default
+suite's run what `python train.py` and `python -m volt.eval` run in the test's process
+(run_volt_here); the toggles' (slow) each in a process of its own."""
 
 import csv
 import json
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.in_process import RunHere
 from volt.rebuild import load_trained_module
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -34,20 +37,20 @@ def only(directory: Path) -> Path:
 
 
 def test_a_plain_task_clips_gradients_with_a_fused_optimiser_under_bf16_mixed(
-    run_volt: Run, tmp_path: Path
+    run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     # Lightning 2.6.6 alone refuses this pair though bf16 has no grad scaler (its issue #21435);
     # volt's build_trainer lets any module through, not only volt's own.
     overrides = ["model.fused=true", "precision=bf16-mixed", "trainer.gradient_clip_val=0.5"]
-    trained = run_volt([*USER_TASK, *overrides, "trainer.max_epochs=1", "test=false"])
+    trained = run_volt_here([*USER_TASK, *overrides, "trainer.max_epochs=1", "test=false"])
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "does not allow for gradient clipping" not in trained.stderr
 
 
 def test_a_plain_lightning_task_trains_evaluates_and_predicts(
-    run_volt: Run, tmp_path: Path
+    run_volt_here: RunHere, tmp_path: Path
 ) -> None:
-    trained = run_volt([*USER_TASK, "name=line"])
+    trained = run_volt_here([*USER_TASK, "name=line"])
     assert trained.returncode == 0, trained.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "line"
     record = json.loads((run_dir / "metrics.json").read_text())
@@ -60,10 +63,10 @@ def test_a_plain_lightning_task_trains_evaluates_and_predicts(
     stored = torch.load(best, map_location="cpu", weights_only=True)
     assert stored["volt_config"]["model"]["_target_"] == "tests.user_task.LineRegressor"
 
-    again = run_volt([*USER_TASK, "name=line"])  # a finished named run is not trained again
+    again = run_volt_here([*USER_TASK, "name=line"])  # a finished named run is not trained again
     assert again.returncode == 0 and "already finished" in again.stdout + again.stderr
 
-    evaluated = run_volt(
+    evaluated = run_volt_here(
         [f"ckpt_path={best}", "trusted_targets=[tests]", "mode=predict"], module="volt.eval"
     )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
@@ -83,7 +86,7 @@ def test_a_plain_lightning_task_trains_evaluates_and_predicts(
     assert module(x).squeeze(-1).tolist() == pytest.approx(expected, rel=1e-5)
 
     # New data named on the command line: predicted on, not tested (it may have no labels).
-    named = run_volt(
+    named = run_volt_here(
         [
             f"hydra.searchpath=[file://{USER_CONF}]",
             f"ckpt_path={best}",
@@ -101,11 +104,11 @@ def test_a_plain_lightning_task_trains_evaluates_and_predicts(
     assert len((named_dir / "predictions.csv").read_text().splitlines()) == 1 + 16
 
 
-def test_volt_refuses_a_from_data_attribute_the_data_module_lacks(run_volt: Run) -> None:
+def test_volt_refuses_a_from_data_attribute_the_data_module_lacks(run_volt_here: RunHere) -> None:
     """An entry for an argument the model takes (LineRegressor's `hidden`, left out of its config:
     a config that sets what from_data fills is refused before this): the data module must have
     the attribute."""
-    result = run_volt([*USER_TASK, "+task.from_data={hidden:num_classes}", "~model.hidden"])
+    result = run_volt_here([*USER_TASK, "+task.from_data={hidden:num_classes}", "~model.hidden"])
     assert result.returncode == 2
     assert "task.from_data.hidden='num_classes': LineData has no attribute" in result.stderr
 

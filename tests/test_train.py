@@ -6,16 +6,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.in_process import FAST, compose_in
 from volt.evaluation import evaluate
 from volt.training import train
 
 
-@pytest.fixture
-def trained(compose_config: Callable[..., DictConfig], fast: list[str]) -> tuple[Path, dict]:
-    cfg = compose_config("train", [*fast, "trainer.max_epochs=3", "logger=many"])
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """One run for the four tests that read it (none writes into it)."""
+    folder = tmp_path_factory.mktemp("trained")
+    cfg = compose_in(folder, "train", [*FAST, "trainer.max_epochs=3", "logger=many"])
+    GlobalHydra.instance().clear()
     metrics = train(cfg)
     return Path(cfg.paths.output_dir), metrics
 

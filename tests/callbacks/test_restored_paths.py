@@ -4,8 +4,8 @@ that folder at the next save. The control reproduces that defect with Lightning 
 
 import json
 import logging
-import subprocess
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import lightning.pytorch as pl
 import pytest
@@ -13,7 +13,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.named_runs import train_steps
+from tests.in_process import RunHere
+from tests.named_runs import steps_overrides
 from tests.tiny_regression import TinyRegression
 from volt.callbacks.restored_paths import RestoredPathsCheck
 from volt.checkpointing import AtomicCheckpointIO
@@ -102,14 +103,16 @@ def test_volts_checkpoint_io_removes_files_only(tmp_path: Path) -> None:
     assert not (tmp_path / "a.ckpt").exists()
 
 
-def test_resuming_a_handed_over_run_keeps_the_users_files(tmp_path: Path) -> None:
-    """Through `python train.py name=...`: a run directory someone handed over, its last.ckpt
-    crafted, is resumed; the folder its state names survives, and one line says what was
-    dropped."""
+def test_resuming_a_handed_over_run_keeps_the_users_files(
+    run_volt_here: RunHere, tmp_path: Path
+) -> None:
+    """Through what `python train.py name=...` runs (in this process): a run directory someone
+    handed over, its last.ckpt crafted, is resumed; the folder its state names survives, and one
+    line says what was dropped."""
     outputs = tmp_path / "outputs"
 
-    def train(steps: int) -> subprocess.CompletedProcess[str]:
-        return train_steps(outputs, "handed", steps)
+    def train(steps: int) -> CompletedProcess[str]:
+        return run_volt_here(steps_overrides("handed", steps))
 
     first = train(25)  # an epoch is 20 steps: last.ckpt holds the first
     assert first.returncode == 0, first.stderr[-3000:]

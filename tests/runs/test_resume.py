@@ -1,5 +1,7 @@
 """Named runs survive SIGKILL: re-running the same command continues from the newest complete
-checkpoint and ends with exactly the weights of a run that was never stopped."""
+checkpoint and ends with exactly the weights of a run that was never stopped. Only the attempts
+that are killed, and the DDP run's, need processes of their own: the others run in the test's
+(run_volt_here), which saves a fresh interpreter's torch import each."""
 
 import json
 import os
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.in_process import RunHere
 from volt.config import PROJECT_ROOT
 
 # Deterministic CPU training with a checkpoint after every step; dropout on, so the RNG state
@@ -44,6 +47,13 @@ def start(name: str, outputs: Path, *extra: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def train_here(run_volt_here: RunHere, name: str, *extra: str) -> str:
+    """Runs `python train.py name=NAME <COMMAND> ...` in this process: what it said."""
+    result = run_volt_here([f"name={name}", *COMMAND, *extra])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
 
 
 def finish(process: subprocess.Popen[str]) -> str:
@@ -83,13 +93,15 @@ def kill_after(process: subprocess.Popen[str], checkpoints: Path, steps: int) ->
     [[7], pytest.param([0, 25, 40], marks=pytest.mark.slow)],
     ids=["mid-epoch", "three-kills"],
 )
-def test_killed_and_resumed_equals_uninterrupted(kill_at_steps: list[int], tmp_path: Path) -> None:
+def test_killed_and_resumed_equals_uninterrupted(
+    kill_at_steps: list[int], run_volt_here: RunHere, tmp_path: Path
+) -> None:
     outputs = tmp_path / "outputs"
-    finish(start("reference", outputs))
+    train_here(run_volt_here, "reference")
     checkpoints = outputs / "train" / "runs" / "interrupted" / "checkpoints"
     for steps in kill_at_steps:
         kill_after(start("interrupted", outputs), checkpoints, steps)
-    log = finish(start("interrupted", outputs))
+    log = train_here(run_volt_here, "interrupted")
     assert "resuming run interrupted from" in log
     # Lightning's "dataloader is not resumable ... unreliable results" is not true of volt's data.
     assert "not resumable" not in log
@@ -107,12 +119,11 @@ def test_killed_and_resumed_equals_uninterrupted(kill_at_steps: list[int], tmp_p
         assert torch.equal(reference[key], resumed[key]), key
 
 
-def test_finished_run_is_not_trained_again(tmp_path: Path) -> None:
-    outputs = tmp_path / "outputs"
-    finish(start("done", outputs, "trainer.max_epochs=1"))
-    run_dir = outputs / "train" / "runs" / "done"
+def test_finished_run_is_not_trained_again(run_volt_here: RunHere, tmp_path: Path) -> None:
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "done"
+    train_here(run_volt_here, "done", "trainer.max_epochs=1")
     before = (run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns
-    log = finish(start("done", outputs, "trainer.max_epochs=1"))
+    log = train_here(run_volt_here, "done", "trainer.max_epochs=1")
     assert "already finished" in log
     assert (run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before
     assert json.loads((run_dir / "metrics.json").read_text())["status"] == "completed"
@@ -133,14 +144,15 @@ def test_named_ddp_run_continues_on_every_rank(tmp_path: Path) -> None:
     assert "resuming run ddp-run" in (run_dir / "train_rank1.log").read_text()
 
 
-def test_damaged_last_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path) -> None:
-    outputs = tmp_path / "outputs"
-    finish(start("torn", outputs, "trainer.max_epochs=2", "trainer.max_steps=19"))
-    checkpoints = outputs / "train" / "runs" / "torn" / "checkpoints"
+def test_damaged_last_checkpoint_falls_back_to_the_previous_good_one(
+    run_volt_here: RunHere, tmp_path: Path
+) -> None:
+    train_here(run_volt_here, "torn", "trainer.max_epochs=2", "trainer.max_steps=19")
+    checkpoints = tmp_path / "outputs" / "train" / "runs" / "torn" / "checkpoints"
     (checkpoints.parent / "metrics.json").unlink()  # as if killed
     (checkpoints / "last.ckpt").write_bytes(b"torn by a crash")
     best = next(checkpoints.glob("epoch*.ckpt"))  # the previous complete checkpoint
-    finish(start("torn", outputs, "trainer.max_epochs=2"))
+    train_here(run_volt_here, "torn", "trainer.max_epochs=2")
     log = (checkpoints.parent / "train.log").read_text()  # the file: no console line wrapping
     assert f"skipping damaged checkpoint {checkpoints / 'last.ckpt'}" in log
     assert f"resuming run torn from {best}" in log
