@@ -13,10 +13,15 @@ PROBE = "+callbacks.lr_probe={_target_:tests.strategies.rank_probes.RecordLearni
 
 
 # The local executor starts a sweep's jobs at the same time; two DDP jobs on one machine then race
-# for a free rendezvous port (seen once: EADDRINUSE), so the DDP case sweeps a single job.
+# for a free rendezvous port (seen once: EADDRINUSE), so the DDP case sweeps a single job. That
+# case is `make test-slow`'s (three fresh interpreters): the default suite has the launcher in
+# `two-jobs` and DDP ranks in a sweep's jobs in tests/strategies/test_ddp.py's multirun test.
 @pytest.mark.parametrize(
     ("trainer", "lrs"),
-    [(["trainer=ddp", "trainer.devices=2"], (1e-3,)), (["trainer=cpu"], (1e-3, 1e-2))],
+    [
+        pytest.param(["trainer=ddp", "trainer.devices=2"], (1e-3,), marks=pytest.mark.slow),
+        (["trainer=cpu"], (1e-3, 1e-2)),
+    ],
     ids=["ddp", "two-jobs"],
 )
 def test_sweep_through_submitit_local(

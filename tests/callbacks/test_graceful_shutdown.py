@@ -266,7 +266,9 @@ def wait_for(pattern: str, outputs: Path, process: subprocess.Popen[bytes]) -> P
     return found[0]
 
 
-@pytest.mark.parametrize("trainer", ["default", "ddp"])
+# The single process's case is `make test-slow`'s: the default suite's process-group test below
+# signals the same run (and its data workers) and makes the same checks but one.
+@pytest.mark.parametrize("trainer", [pytest.param("default", marks=pytest.mark.slow), "ddp"])
 def test_volt_saves_and_exits_143_on_sigterm(trainer: str, fast: list[str], tmp_path: Path) -> None:
     outputs = tmp_path / "volt"
     overrides = [o for o in fast if not o.startswith("trainer.max_epochs=")]

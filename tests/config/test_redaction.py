@@ -23,6 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from omegaconf import DictConfig, OmegaConf
 
+from tests.in_process import RunHere
 from volt.config import CONF_DIR, register_resolver
 from volt.config.composition import VERSION_BASE
 from volt.config.redaction import redacted_container, refuse_literal_secrets, says_secret
@@ -354,10 +355,10 @@ def test_ddp_ranks_read_the_secret_from_the_environment(
 
 
 def test_a_literal_secret_is_refused_before_anything_is_written(
-    run_volt: Run, tmp_path: Path
+    run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     literal = f"volt-fake-secret-{secrets.token_hex(8)}"
-    result = run_volt([f"+logger.keyed.api_key={literal}"])
+    result = run_volt_here([f"+logger.keyed.api_key={literal}"])
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "volt: config error: logger.keyed.api_key is given as a literal value, which Hydra would "

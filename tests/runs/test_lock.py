@@ -17,18 +17,26 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.in_process import RunHere
 from tests.test_bad_inputs import snapshot
 from volt.config import PROJECT_ROOT
 from volt.runs.lock import LOCK_FILE, RunLockedError, lock_run_dir
 
-# Takes the lock of argv[1] and holds it until its stdin closes, or says why it could not.
+# Takes the lock of argv[1] and holds it until its stdin closes, or says why it could not. The
+# lock module is loaded from its file: the package's __init__ (volt.runs) imports Lightning for
+# its TensorBoard records, which the lock does not use, and a holder would wait 6-14 s for it.
 TRY_LOCK = """
+import importlib.util
 import sys
 from pathlib import Path
-from volt.runs.lock import RunLockedError, lock_run_dir
+import volt
+where = Path(volt.__file__).parent / "runs" / "lock.py"
+spec = importlib.util.spec_from_file_location("volt_runs_lock", where)
+lock_module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lock_module)
 try:
-    lock = lock_run_dir(Path(sys.argv[1]))  # held while the object lives
-except RunLockedError as error:
+    lock = lock_module.lock_run_dir(Path(sys.argv[1]))  # held while the object lives
+except lock_module.RunLockedError as error:
     print(f"refused: {error}", flush=True)
     sys.exit(2)
 print("held", flush=True)
@@ -157,7 +165,7 @@ def volt_command(*args: str, outputs: Path) -> list[str]:
 # job directory's name).
 @pytest.mark.parametrize("held", ["grid", "grid/0_"], ids=["sweep", "job"])
 def test_a_sweep_stops_at_a_directory_another_process_holds(
-    held: str, start_locker: Locker, tmp_path: Path
+    held: str, start_locker: Locker, run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     outputs = tmp_path / "outputs"
     held_dir = outputs / "train" / "multiruns" / held
@@ -165,13 +173,7 @@ def test_a_sweep_stops_at_a_directory_another_process_holds(
     assert first_line(holder) == "held"
     before = snapshot(outputs)
 
-    result = subprocess.run(
-        volt_command("-m", "name=grid", outputs=outputs),
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_volt_here(["-m", "name=grid"])  # in this process: the holder is another
 
     assert result.returncode == 2, result.stderr[-3000:]
     assert f"volt: error: {held_dir} is in use by {holder_details(holder.pid)}" in result.stderr
