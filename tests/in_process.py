@@ -104,6 +104,15 @@ class ProcessState:
         gc.unfreeze()  # volt's entry freezes what lives until exit: here the worker lives on
 
 
+def fresh_warning_filters() -> None:
+    """A fresh interpreter's warning filters (Python 3.11, no -W option): pytest's, pyproject's
+    ignores among them, would keep from a run's stderr what a process of its own shows."""
+    warnings.resetwarnings()
+    warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+    for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=category, append=True)
+
+
 def run_here(
     args: list[str],
     module: str | None,
@@ -126,6 +135,7 @@ def run_here(
     code: int | str | None = 0
     try:
         with warnings.catch_warnings(record=True) as raised:
+            fresh_warning_filters()
             entry()
     except SystemExit as exit:
         code = exit.code

@@ -1,7 +1,8 @@
 """Modules written as Lightning's docs write them (tests/lightning_docs_task.py) train, evaluate,
 predict and sweep with their two YAML files (tests/lightning_docs_conf/) and nothing else typed:
 no task, no test=false, no task.watch. What a module lacks turns the matching step off in one
-line; what it logs is what volt watches."""
+line; what it logs is what volt watches. The default suite's tests run what `python train.py` and
+`python -m volt.eval` run in the test's process (run_volt_here); the slow sweep in its own."""
 
 import csv
 import json
@@ -10,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.in_process import RunHere
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 CONF = Path(__file__).parent / "lightning_docs_conf"
@@ -23,9 +26,9 @@ QUICK = [
 
 
 def test_a_module_logging_val_loss_trains_evaluates_and_predicts(
-    run_volt: Run, tmp_path: Path
+    run_volt_here: RunHere, tmp_path: Path
 ) -> None:
-    trained = run_volt([*QUICK, "model=lit", "name=lit", "logger=csv"])
+    trained = run_volt_here([*QUICK, "model=lit", "name=lit", "logger=csv"])
     assert trained.returncode == 0, trained.stderr[-3000:]
     said = trained.stdout + trained.stderr
     run_dir = tmp_path / "outputs" / "train" / "runs" / "lit"
@@ -47,7 +50,9 @@ def test_a_module_logging_val_loss_trains_evaluates_and_predicts(
     best = Path(record["best_checkpoint"])
     assert best.name.startswith("epoch") and f"val_loss{metrics['val_loss_best']:.4f}" in best.name
 
-    evaluated = run_volt([f"ckpt_path={best}", "trusted_targets=[tests]", "name=e"], "volt.eval")
+    evaluated = run_volt_here(
+        [f"ckpt_path={best}", "trusted_targets=[tests]", "name=e"], "volt.eval"
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     eval_dir = tmp_path / "outputs" / "eval" / "runs" / "e"
     said = (eval_dir / "eval.log").read_text()
@@ -56,7 +61,7 @@ def test_a_module_logging_val_loss_trains_evaluates_and_predicts(
     eval_metrics = json.loads((eval_dir / "metrics.json").read_text())["metrics"]
     assert eval_metrics["val_loss"] == pytest.approx(metrics["val_loss_best"], rel=1e-5)
 
-    predicted = run_volt(
+    predicted = run_volt_here(
         [f"ckpt_path={best}", "trusted_targets=[tests]", "mode=predict", "name=p"], "volt.eval"
     )
     assert predicted.returncode == 0, predicted.stderr[-3000:]
@@ -64,8 +69,10 @@ def test_a_module_logging_val_loss_trains_evaluates_and_predicts(
         assert len(list(csv.DictReader(f))) == 128
 
 
-def test_a_module_that_logs_nothing_has_a_loss_curve(run_volt: Run, tmp_path: Path) -> None:
-    trained = run_volt([*QUICK, "model=silent", "name=silent", "logger=csv"])
+def test_a_module_that_logs_nothing_has_a_loss_curve(
+    run_volt_here: RunHere, tmp_path: Path
+) -> None:
+    trained = run_volt_here([*QUICK, "model=silent", "name=silent", "logger=csv"])
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "You passed in a `val_dataloader`" not in trained.stderr
     run_dir = tmp_path / "outputs" / "train" / "runs" / "silent"
@@ -81,7 +88,7 @@ def test_a_module_that_logs_nothing_has_a_loss_curve(run_volt: Run, tmp_path: Pa
 
     # Nothing to predict with (no forward, no predict_step): one line, exit 2, nothing left.
     last = run_dir / "checkpoints" / "last.ckpt"
-    predicted = run_volt(
+    predicted = run_volt_here(
         [f"ckpt_path={last}", "trusted_targets=[tests]", "mode=predict", "name=p"], "volt.eval"
     )
     assert predicted.returncode == 2
@@ -111,12 +118,12 @@ def test_a_sweep_ranks_by_what_the_module_logs(run_volt: Run, tmp_path: Path) ->
 
 
 def test_a_search_whose_module_logs_no_watched_metric_fails_in_one_line(
-    run_volt: Run, tmp_path: Path
+    run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     """The study ranks trials by task.watch (val/acc here): a trial whose module never logs it
     fails, in one line, rather than hand the study no value (or the loss it fell back to) and
     call itself completed; a search whose every trial failed ends in one line, exit 2."""
-    searched = run_volt(
+    searched = run_volt_here(
         [
             *("-m", "hydra/sweeper=volt_optuna", "hydra.sweeper.n_trials=1", "name=s"),
             *(*QUICK, "model=silent", "model.lr=choice(0.01,0.05)", "logger=none"),
@@ -140,13 +147,13 @@ def test_a_search_whose_module_logs_no_watched_metric_fails_in_one_line(
 
 @pytest.mark.parametrize("traceback", [False, True])
 def test_lightning_refusing_the_module_is_one_line(
-    run_volt: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traceback: bool
+    run_volt_here: RunHere, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, traceback: bool
 ) -> None:
     """Lightning's MisconfigurationException at the fit's start: one line, exit 2, no run
     directory; the traceback only with VOLT_TRACEBACK=1, and never Hydra's hint."""
     if traceback:
         monkeypatch.setenv("VOLT_TRACEBACK", "1")
-    refused = run_volt([*QUICK, "model=plateau", "name=plateau"])
+    refused = run_volt_here([*QUICK, "model=plateau", "name=plateau"])
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert (
         refused.stderr.strip()
@@ -160,10 +167,10 @@ def test_lightning_refusing_the_module_is_one_line(
     assert not (tmp_path / "outputs" / "train" / "runs" / "plateau").exists()
 
 
-def test_a_defect_shows_its_traceback_then_one_line(run_volt: Run, tmp_path: Path) -> None:
+def test_a_defect_shows_its_traceback_then_one_line(run_volt_here: RunHere, tmp_path: Path) -> None:
     """An error no config value causes: its traceback (the user needs it), volt's one line,
     exit 1; Hydra's HYDRA_FULL_ERROR hint never (VOLT_TRACEBACK is volt's switch)."""
-    failed = run_volt([*QUICK, "model=buggy", "name=buggy"])
+    failed = run_volt_here([*QUICK, "model=buggy", "name=buggy"])
     assert failed.returncode == 1, failed.stderr[-3000:]
     assert "Traceback" in failed.stderr and "HYDRA_FULL_ERROR" not in failed.stderr
     last = failed.stderr.strip().splitlines()[-1]
