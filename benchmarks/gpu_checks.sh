@@ -34,7 +34,7 @@ case ${1:-tests} in
         SECONDS=0
         timeout -k 10 240 python train.py trainer=$t $job $quiet > "$log" 2>&1
         code=$?
-        rates=$(grep -oE "epoch [0-9]+: [0-9]+ training samples/s" "$log" | tail -2 | tr '\n' ' ')
+        rates=$(grep -oE "epoch [0-9]+: [0-9]+ training samples/s" "$(sed -n 's/^Run directory: //p' "$log")/train.log" | tail -2 | tr '\n' ' ')
         echo "$t $job: exit $code, $SECONDS s wall, $rates"
       done
     done
@@ -45,7 +45,7 @@ case ${1:-tests} in
       timeout ${THROUGHPUT_TIMEOUT:-150} python train.py experiment=cifar10_resnet data.root=/tmp/data trainer=$t precision=bf16-mixed \
         trainer.max_epochs=3 test=false data.num_workers=8 callbacks.progress_bar=null \
         paths.outputs_dir=/tmp/outputs > "$out/throughput_$t.log" 2>&1
-      echo "$t: $(grep -oE "epoch [0-9]+: [0-9]+ training samples/s" "$out/throughput_$t.log" | tr '\n' ' ')"
+      echo "$t: $(grep -oE "epoch [0-9]+: [0-9]+ training samples/s" "$(sed -n 's/^Run directory: //p' "$out/throughput_$t.log")/train.log" | tr '\n' ' ')"
     done
     ;;
   scaling)  # two GPUs (issue #23): synthetic, plain and volt, eager and compiled, 1 vs 2 GPUs,
