@@ -42,7 +42,6 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "docs" / "many_gpus.md"
 MARKERS = ("<!-- perf-ddp:begin -->", "<!-- perf-ddp:end -->")
 THROUGHPUT_LINE = re.compile(r"epoch (\d+): (\d+) training samples/s")
-RUN_DIRECTORY_LINE = re.compile(r"^Run directory: (.+)$", re.MULTILINE)
 # The README's table: each side eager and compiled, on 1 and N GPUs; volt's trainer=ddp with
 # SyncBatchNorm, CUDA graphs under DDP and trainer=dp on N only (nothing new to see on one).
 PLAN = ["synthetic:off", "plain:off", "volt:off", "synthetic:default", "volt:default"]
@@ -149,10 +148,13 @@ def run_volt(
         f"paths.outputs_dir={args.outputs}", *args.volt_overrides,
     ]  # fmt: skip
     log = Path(args.logs, f"volt-{strategy}-{compile_mode}-{gpus}.log")
-    done = harness.run_fresh(command, log, cwd=REPO).check(command)
-    # Each epoch's throughput line is in the run's train.log, not on the console (#42)
-    run_dir = RUN_DIRECTORY_LINE.search(done.text())
-    text = Path(run_dir[1], "train.log").read_text() if run_dir else ""
+    harness.run_fresh(command, log, cwd=REPO).check(command)
+    # Each epoch's throughput line is in the run's train.log, not on the console (#42): the
+    # newest under --outputs is this run's (the console wraps a long run directory's line)
+    logs = sorted(
+        Path(args.outputs).glob("train/runs/*/train.log"), key=lambda p: p.stat().st_mtime
+    )
+    text = logs[-1].read_text() if logs else ""
     if not (found := THROUGHPUT_LINE.findall(text)):
         raise RuntimeError(f"{' '.join(command)}: no training samples/s in {log}")
     return [float(rate) for _, rate in found]
