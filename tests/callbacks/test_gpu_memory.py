@@ -77,6 +77,7 @@ class FakeCudaMemory:
         self.peak_allocated = dict(self.allocated)
         self.peak_reserved = dict(self.reserved)
         self.resets = 0
+        self.walks = 0  # memory_stats calls: each walks all of the allocator's statistics
 
     def spike(self, index: int, gib: float) -> None:
         """A transient activation peak that is freed again before the batch ends."""
@@ -88,10 +89,18 @@ class FakeCudaMemory:
         self.peak_reserved[device.index] = self.reserved[device.index]
         self.resets += 1
 
+    def memory_stats(self, device: torch.device) -> dict[str, int]:
+        self.walks += 1
+        index = device.index
+        return {
+            "allocated_bytes.all.current": self.allocated[index],
+            "reserved_bytes.all.current": self.reserved[index],
+            "allocated_bytes.all.peak": self.peak_allocated[index],
+        }
+
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         by_index = lambda stats: lambda device: stats[device.index]  # noqa: E731
-        monkeypatch.setattr(torch.cuda, "memory_allocated", by_index(self.allocated))
-        monkeypatch.setattr(torch.cuda, "memory_reserved", by_index(self.reserved))
+        monkeypatch.setattr(torch.cuda, "memory_stats", self.memory_stats)
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", by_index(self.peak_allocated))
         monkeypatch.setattr(torch.cuda, "max_memory_reserved", by_index(self.peak_reserved))
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset_peak_memory_stats)
@@ -136,7 +145,7 @@ def test_inert_on_cpu(
     def no_cuda(*args: Any) -> None:
         raise AssertionError("GPUMemoryMonitor queried CUDA on a CPU run")
 
-    for name in ["memory_allocated", "max_memory_allocated", "reset_peak_memory_stats"]:
+    for name in ["memory_stats", "max_memory_allocated", "reset_peak_memory_stats"]:
         monkeypatch.setattr(torch.cuda, name, no_cuda)
 
     with caplog.at_level(logging.DEBUG, logger="volt.callbacks.gpu_memory"):
@@ -170,6 +179,7 @@ def test_logs_with_the_trainers_metrics_and_resets_peaks_each_epoch(
         7: 1.5,
     }
     assert fake_cuda.resets == 2
+    assert fake_cuda.walks == 4  # one walk of the allocator's statistics per logging step
 
     # The summary keeps the peak over the whole fit: epoch 0's 3 GiB (3.5 GiB reserved).
     out = capsys.readouterr().out

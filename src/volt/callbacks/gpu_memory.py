@@ -95,14 +95,7 @@ class GPUMemoryMonitor(Callback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if not self._devices or interval == 0 or (step + 1) % interval != 0:
             return
-        rows = [
-            [
-                torch.cuda.memory_allocated(device),
-                torch.cuda.memory_reserved(device),
-                torch.cuda.max_memory_allocated(device),
-            ]
-            for device in self._devices
-        ]
+        rows = [_now_and_peak(device) for device in self._devices]
         metrics: dict[str, float] = {}
         for label, (allocated, reserved, peak) in self._gather(trainer, pl_module, rows):
             metrics[f"gpu_mem/{label}_allocated_gib"] = allocated / _GIB
@@ -149,6 +142,15 @@ class GPUMemoryMonitor(Callback):
         local = torch.tensor(rows, dtype=torch.int64, device=pl_module.device)  # (1, stats)
         gathered = trainer.strategy.all_gather(local)  # (world, 1, stats)
         return [(f"rank{rank}", ranks_rows[0]) for rank, ranks_rows in enumerate(gathered.tolist())]
+
+
+def _now_and_peak(device: torch.device) -> list[int]:
+    """[allocated, reserved, peak allocated] bytes from one walk of the allocator's statistics:
+    `torch.cuda.memory_allocated` and its siblings each walk all of them (0.05 ms of CPU each under
+    cProfile on an H200, torch 2.11), three walks a logging step where one does."""
+    stats = torch.cuda.memory_stats(device)
+    keys = ("allocated_bytes.all.current", "reserved_bytes.all.current", "allocated_bytes.all.peak")
+    return [stats.get(key, 0) for key in keys]
 
 
 def peak_memory_table(rows: LabelledRows) -> Table:
