@@ -29,7 +29,11 @@ from volt.build import (
     model_with_data,
 )
 from volt.callbacks.prediction_writer import CSVPredictionWriter
-from volt.checkpointing import read_stored_checkpoint, read_trained_weights
+from volt.checkpointing import (
+    read_stored_checkpoint,
+    read_trained_weights,
+    weights_disagreement,
+)
 from volt.config import PROJECT_ROOT
 from volt.config.execution_whitelist import instantiate_whitelist
 from volt.config.stored import (
@@ -280,21 +284,12 @@ def modules_at_most(budget: int) -> Iterator[None]:
 
 
 def _check_against_weights(twin: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
-    built = twin.state_dict()
-    missing = sorted(set(built) - set(weights))
-    unexpected = sorted(set(weights) - set(built))
-    if missing or unexpected:
+    disagreement = weights_disagreement(twin, weights)
+    if disagreement:
         raise ConfigError(
-            f"model: the checkpoint's config builds a module whose weights do not match the"
-            f" file's (missing {missing[:3]}, unexpected {unexpected[:3]}): refused before"
-            " building it"
+            f"model: the checkpoint's config builds a module its weights do not fit"
+            f" ({disagreement}): refused before building it"
         )
-    for name, tensor in built.items():
-        if tuple(tensor.shape) != tuple(weights[name].shape):
-            raise ConfigError(
-                f"model: the checkpoint's config makes {name} of shape {tuple(tensor.shape)}, the"
-                f" file holds {tuple(weights[name].shape)}: refused before building it"
-            )
     stored_bytes = sum(t.numel() * t.element_size() for t in weights.values())
     tensors = [*twin.parameters(), *twin.buffers()]
     needed = sum(t.numel() * t.element_size() for t in tensors)

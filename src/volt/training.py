@@ -21,7 +21,11 @@ from omegaconf import DictConfig
 from volt.build import TrainingObjects, build_training
 from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.callbacks.watched_metric import WatchedMetricCheck
-from volt.checkpointing import measure_checkpoint_files
+from volt.checkpointing import (
+    measure_checkpoint_files,
+    read_weight_outline,
+    weights_disagreement,
+)
 from volt.config.redaction import redacted_container
 from volt.config.validation import check_config, check_machine, check_resolves
 from volt.console import (
@@ -176,6 +180,24 @@ def _fit_and_test(
     return metrics, best
 
 
+def check_resumed_weights(model: pl.LightningModule, checkpoint: Path) -> None:
+    """Weights the module would not load (its code changed since the checkpoint, or the file
+    did) are refused in one line before the fit, not in torch's traceback once it started. A
+    module that changes what it loads (its own on_load_checkpoint or load_state_dict) is left
+    to do so."""
+    hooks = ("on_load_checkpoint", "load_state_dict")
+    if any(is_overridden(hook, model, pl.LightningModule) for hook in hooks):
+        return
+    for entry, weights in read_weight_outline(checkpoint).items():
+        disagreement = weights_disagreement(model, weights, strict=model.strict_loading)
+        if disagreement:
+            raise ConfigError(
+                f"{checkpoint}: its {entry} does not fit {type(model).__name__}"
+                f" ({disagreement}): the model changed since it was saved; resume with the code"
+                " it was trained with, or start afresh under another name=..."
+            )
+
+
 def say_how_data_resumes(datamodule: pl.LightningDataModule) -> None:
     """Lightning 2.6.6 warns, on a resume mid-epoch, that a data loader without `state_dict`
     gives "unreliable results"; a data module that restores its position itself (volt's,
@@ -231,6 +253,8 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
     with run_record(run_dir):
         stopper.at("building the model and the data")
         run = build_training(cfg, resolved)
+        if plan.checkpoint is not None:
+            check_resumed_weights(run.model, plan.checkpoint)
         if cfg.verbose:  # once the objects are built: what they refuse comes first, in one line
             print_config_tree(config_tree(resolved))
         log.info(describe_setup(run.trainer, cfg.compile.mode))

@@ -3,18 +3,23 @@ checkpoint and ends with exactly the weights of a run that was never stopped. On
 that are killed, and the DDP run's, need processes of their own: the others run in the test's
 (run_volt_here), which saves a fresh interpreter's torch import each."""
 
+import copy
+import gc
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+import volt.training
 from tests.in_process import RunHere
+from tests.named_runs import steps_overrides
 from volt.config import PROJECT_ROOT
 
 # Deterministic CPU training with a checkpoint after every step; dropout on, so the RNG state
@@ -175,3 +180,52 @@ def test_links_within_a_run_directory_are_kept_and_links_out_refused(tmp_path: P
     (run_dir / "checkpoints" / "escape").symlink_to(tmp_path)
     with pytest.raises(ConfigError, match=r"is a symbolic link to .*, outside the folder"):
         check_folder(run_dir, "name=run")
+
+
+def changed_weights(change: str) -> Callable[[dict[str, torch.Tensor]], None]:
+    """What a checkpoint's state_dict looks like to a net whose code changed since."""
+
+    def apply(weights: dict[str, torch.Tensor]) -> None:
+        if change == "unexpected":  # a layer the net no longer has
+            weights["net.head.weight"] = torch.zeros(2, 2)
+        elif change == "missing":  # a layer added since
+            del weights["net.layers.9.bias"]
+        else:  # a layer made wider
+            weights["net.layers.9.weight"] = torch.zeros(12, 256)
+
+    return apply
+
+
+def test_weights_the_model_does_not_fit_are_refused_before_the_fit(
+    run_volt_here: RunHere, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One line, exit 2, naming the checkpoint, the names and the fix; the checkpoint left as it
+    was, to resume once the code is back. The control: torch's traceback from inside the fit."""
+    run_dir = tmp_path / "outputs" / "train" / "runs" / "changed"
+    done = run_volt_here(steps_overrides("changed", 1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir / "metrics.json").unlink()  # as if stopped
+    last = run_dir / "checkpoints" / "last.ckpt"
+    genuine = torch.load(last, weights_only=True)
+    said = {
+        "unexpected": "not in the model: net.head.weight)",
+        "missing": "not in the file: net.layers.9.bias)",
+        "shape": "other shapes: net.layers.9.weight (12, 256) in the file, (10, 256) in the model)",
+    }
+    for change, names in said.items():
+        crafted = copy.deepcopy(genuine)
+        changed_weights(change)(crafted["state_dict"])
+        torch.save(crafted, last)
+        before = last.read_bytes()
+        gc.collect()  # the refused attempt's run lock, which a process's exit would let go
+        done = run_volt_here(steps_overrides("changed", 2))
+        assert done.returncode == 2, done.stderr[-3000:]
+        (line,) = [line for line in done.stderr.splitlines() if line.startswith("volt: ")]
+        assert line.startswith(f"volt: config error: {last}: its state_dict does not fit"), line
+        assert names in line and "start afresh under another name=..." in line, line
+        assert last.read_bytes() == before
+    # the control: without the check, torch's load_state_dict fails inside the fit
+    monkeypatch.setattr(volt.training, "weights_disagreement", lambda *args, **kwargs: "")
+    gc.collect()
+    done = run_volt_here(steps_overrides("changed", 2))
+    assert done.returncode == 1 and "Error(s) in loading state_dict" in done.stderr, done.stderr

@@ -18,6 +18,8 @@ from volt.checkpointing.stored_config import (
     read_stored_checkpoint,
     read_stored_config,
     read_trained_weights,
+    read_weight_outline,
+    weights_disagreement,
 )
 from volt.checkpointing.tensor_sizes import measure_checkpoint_files
 
@@ -37,6 +39,8 @@ __all__ = [
     "read_stored_checkpoint",
     "read_stored_config",
     "read_trained_weights",
+    "read_weight_outline",
     "remove_sharded_checkpoint",
+    "weights_disagreement",
     "write_sharded",
 ]

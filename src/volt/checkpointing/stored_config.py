@@ -1,5 +1,7 @@
-"""The run's config as a checkpoint stores it, read back without running anything."""
+"""The run's config and weights as a checkpoint stores them, read back without running
+anything; and whether a module fits those weights."""
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from volt.checkpointing.sharded import (
     read_sharded_weights,
 )
 from volt.checkpointing.tensor_sizes import check_expanded_size, check_tensor_sizes
+from volt.errors import escaped
 
 CHECKPOINT_KEY = "volt_config"
 
@@ -59,6 +62,58 @@ def read_trained_weights(path: Path) -> dict[str, torch.Tensor]:
         return read_sharded_weights(path)
     check_expanded_size(path)
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+# Weight entries a checkpoint may hold: the module's, and under ema= the trained weights beside
+# the average (volt.callbacks.weight_averaging).
+WEIGHT_ENTRIES = ("state_dict", "current_model_state")
+NAMES_SHOWN = 3  # of each kind of disagreement, each cut to NAME_CHARS
+NAME_CHARS = 80
+
+
+def read_weight_outline(path: Path) -> dict[str, Any]:
+    """A checkpoint's WEIGHT_ENTRIES (`state_dict` always, {} where the file lacks it), names
+    and shapes as meta tensors: no weight read. A sharded checkpoint's from its metadata."""
+    if is_sharded_checkpoint(path):
+        return {"state_dict": read_sharded_outline(path)[1]}
+    check_expanded_size(path)
+    checkpoint = torch.load(path, map_location="meta", weights_only=True)
+    return {
+        k: checkpoint.get(k, {}) for k in WEIGHT_ENTRIES if k == "state_dict" or k in checkpoint
+    }
+
+
+def weights_disagreement(module: torch.nn.Module, weights: Any, strict: bool = True) -> str:
+    """What `module.load_state_dict(weights, strict)` would refuse, said in a few names (escaped,
+    cut short), or "" where it would load them: names one side lacks (unless not `strict`),
+    shapes that differ. The module's state that is no tensor (extra state) is not compared."""
+    built = {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+    stored = weights if isinstance(weights, Mapping) else {}
+    missing = sorted(built.keys() - stored.keys()) if strict else []
+    unexpected = sorted(map(str, stored.keys() - built.keys())) if strict else []
+    reshaped = sorted(k for k, v in built.items() if k in stored and _shape(stored[k]) != v.shape)
+    said = [f"not in the file: {_names(missing)}"] if missing else []
+    said += [f"not in the model: {_names(unexpected)}"] if unexpected else []
+    if reshaped:
+        both = {
+            k: f" {_shape(stored[k])} in the file, {_shape(built[k])} in the model"
+            for k in reshaped
+        }
+        said.append(f"other shapes: {_names(reshaped, both)}")
+    return "; ".join(said)
+
+
+def _shape(value: Any) -> tuple[int, ...] | str:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _names(names: list[str], after: Mapping[str, str] | None = None) -> str:
+    """The first NAMES_SHOWN of `names`, each escaped and cut to NAME_CHARS, then how many more."""
+    shown = [escaped(n) for n in names[:NAMES_SHOWN]]
+    shown = [n if len(n) <= NAME_CHARS else f"{n[: NAME_CHARS - 3]}..." for n in shown]
+    said = ", ".join(n + (after or {}).get(name, "") for n, name in zip(shown, names, strict=False))
+    more = len(names) - NAMES_SHOWN
+    return said + (f" and {more:,} more" if more > 0 else "")
 
 
 def _stored_config(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
