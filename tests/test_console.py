@@ -43,8 +43,8 @@ def test_result_names_and_values_from_a_metrics_file_are_text_not_markup(
     print_result(crafted, tmp_path)  # type: ignore[arg-type]  # values as a file may hold them
     out = capsys.readouterr().out
     assert "[red]test/acc[/red]" in out and "0.5000" in out
-    # a line break in a name stays between the table's borders (volt.console.Terminal)
-    assert "\n│ forged " in out and "'x'" in out
+    # a line break in a name is shown escaped, on its line (volt.console.Terminal)
+    assert "│ val/loss\\nforged " in out and "'x'" in out
 
 
 @pytest.mark.parametrize("verbose", [False, True])

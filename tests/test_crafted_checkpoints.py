@@ -884,7 +884,7 @@ def test_a_terminal_escape_in_a_stored_key_is_escaped_in_the_refusal(
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("volt: config error: model.\\x1b[1A\\x1b[2K"), err
     # the control: the refusal as it was, the escape raw on the terminal
-    monkeypatch.setattr(volt.console, "controls_escaped", lambda text: text)
+    monkeypatch.setattr(volt.console, "on_one_line", lambda text: text)
     code, err = run_eval([f"ckpt_path={crafted}"])
     assert code == 2 and err.startswith(f"volt: config error: model.{ERASES_AND_PASSES}"), err
 

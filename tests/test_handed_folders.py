@@ -315,6 +315,30 @@ def test_the_watchdog_of_a_stuck_rank_zero_follows_no_run_json_link(
     assert json.loads(victim.read_text())["status"] == "failed"
 
 
+def test_a_rank_logs_line_reaches_stderr_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line a failed rank logged, as the watchdog of a stuck rank 0 prints it: read from
+    train_rank1.log, which a handed-over run folder may bring already written."""
+    from volt.strategies.launcher import rank_failure, rank_log_file, said_by_failed_rank
+
+    log_file = rank_log_file(tmp_path, 1)
+    log_file.write_text(f"Rank 1 failed: {ERASES_AND_PASSES}\n")
+    line = rank_failure(1, 2, str(said_by_failed_rank(log_file, 1)), log_file)
+
+    def end_stuck_run() -> str:
+        (tmp_path / "run.json").write_text('{"status": "running"}\n')
+        with subprocess.Popen(["sleep", "60"]) as rank_zero:  # what the watchdog kills
+            assert stuck_rank_zero.end_stuck_run(rank_zero.pid, tmp_path / "run.json", 0.2, line)
+        return capsys.readouterr().err
+
+    err = end_stuck_run()
+    assert "\x1b" not in err and ascii(ERASES_AND_PASSES)[1:-1] in err, err
+    # the control: printed as it was read
+    monkeypatch.setattr(stuck_rank_zero, "on_one_line", lambda text: text)
+    assert ERASES_AND_PASSES in end_stuck_run()
+
+
 def test_resume_reads_no_fifo_overrides_and_no_bomb(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -504,10 +528,28 @@ def test_an_error_quoting_file_text_ends_in_one_escaped_line(
     assert "\x1b" not in err and err.count("\n") == 1, err
     assert "\\x1b[1A\\x1b[2K\\x1b[32mvolt: evaluation passed" in err
     # the control: without the escaping the terminal gets the sequence that erases the line
-    monkeypatch.setattr(volt.console, "controls_escaped", lambda text: text)
+    monkeypatch.setattr(volt.console, "on_one_line", lambda text: text)
     with pytest.raises(SystemExit):
         exit_on_config_error(error)
     assert "\x1b[1A" in capsys.readouterr().err
+
+
+def test_a_traceback_quoting_file_text_shows_it_escaped(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error volt did not foresee prints its traceback: a message quoting a file's text
+    (a library's, say) shows the escape sequence inert."""
+    try:
+        raise RuntimeError(f"unexpected key {ERASES_AND_PASSES}")
+    except RuntimeError as error:
+        with pytest.raises(SystemExit):
+            volt.console.exit_on_unexpected_error(error)
+        assert "\x1b" not in capsys.readouterr().err
+        # the control: printed as the traceback module writes it
+        monkeypatch.setattr(volt.console, "controls_escaped", lambda text: text)
+        with pytest.raises(SystemExit):
+            volt.console.exit_on_unexpected_error(error)
+        assert ERASES_AND_PASSES in capsys.readouterr().err
 
 
 def consoles_not_through_the_terminal() -> list[str]:
@@ -528,12 +570,17 @@ def test_every_console_of_volts_is_a_terminal() -> None:
     assert consoles_not_through_the_terminal() == []
 
 
+# A cell from a file: an escape sequence, and a line break that starts a forged log line.
+IN_A_CELL = ERASES_AND_PASSES + FORGED_LINE
+
+
 def print_a_result(folder: Path) -> None:
-    print_result({ERASES_AND_PASSES: 1.0}, folder)
+    print_result({IN_A_CELL: 1.0}, folder)
 
 
 def print_a_sweep_summary(folder: Path) -> None:
-    escape = ERASES_AND_PASSES.replace("\x1b", "\\e")  # \e: YAML's escape character
+    # \e and \n: YAML's escapes, in a double-quoted string
+    escape = IN_A_CELL.replace("\x1b", "\\e").replace("\n", "\\n")
     summary.print_sweep_summary(make_sweep(folder, f'- "seed={escape}"\n'))
 
 
@@ -547,12 +594,16 @@ def test_a_terminal_escape_from_a_file_reaches_no_console_raw(
     monkeypatch.setenv("COLUMNS", "300")
     print_it(tmp_path / "a")
     out = capsys.readouterr().out
-    # escaped before the table is laid out: its column as wide as the escaped text
-    assert "\x1b" not in out and f"│ {ascii(ERASES_AND_PASSES)[1:-1]} │" in out, out
-    # the control: a plain rich Console, the sequence raw on the terminal
+    # escaped before the table is laid out, the line break too: the column as wide as the
+    # escaped text, on one line
+    assert "\x1b" not in out and f"│ {ascii(IN_A_CELL)[1:-1]} │" in out, out
+    assert not any(forges_a_line(line.strip("│ ")) for line in out.splitlines()), out
+    # the control: a plain rich Console, the sequence raw on the terminal, the line forged
     monkeypatch.setattr(Terminal, "render", Console.render)
     print_it(tmp_path / "b")
-    assert ERASES_AND_PASSES in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ERASES_AND_PASSES in out
+    assert any(forges_a_line(line.strip("│ ")) for line in out.splitlines()), out
 
 
 @pytest.mark.parametrize("value", [{1, 2}, torch.zeros(2)], ids=["set", "tensor"])

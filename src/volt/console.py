@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from volt.errors import ConfigError, controls_escaped
+from volt.errors import ConfigError, controls_escaped, on_one_line
 from volt.folder_files import write_replacing
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ class Terminal(Console):
     sequence that erases the line above and prints a green "passed". Here every control character
     but line breaks and tabs is shown escaped (`\\x1b`), whichever renderable it comes through, so
     no caller escapes its own: texts and tables before they are laid out, other renderables'
-    segments as they are made. A line break stays: volt's own text has them, and a table's cell
-    keeps it between its borders, where no line of volt's can be forged."""
+    segments as they are made. A line break stays in a text (volt's own have them); in a table's
+    header or cell, where a file's names and values go, it is escaped too (`\\n`)."""
 
     def render(
         self, renderable: RenderableType, options: ConsoleOptions | None = None
@@ -59,28 +59,29 @@ class Terminal(Console):
                 yield Segment(controls_escaped(segment.text), segment.style)
 
 
-def _escaped(renderable: RenderableType) -> RenderableType:
-    """A text, or a table's headers and cells, escaped before they are laid out: a column is as
-    wide as the escaped text, which is shown whole. The caller's objects are left as they are."""
+def _escaped(renderable: RenderableType, kept: str = "\n\t") -> RenderableType:
+    """A text (its control characters but those in `kept`), or a table's headers and cells (all
+    of them), escaped before they are laid out: a column is as wide as the escaped text, which is
+    shown whole. The caller's objects are left as they are."""
     if isinstance(renderable, str):
-        return controls_escaped(renderable)
-    if isinstance(renderable, Text) and not _printable(renderable.plain):
+        return controls_escaped(renderable, kept)
+    if isinstance(renderable, Text) and not _printable(renderable.plain, kept):
         text = renderable.copy()
-        text.plain = controls_escaped(text.plain)
+        text.plain = controls_escaped(text.plain, kept)
         return text
     if isinstance(renderable, Table):
         table = copy.copy(renderable)
         # `_cells` is the column's dataclass field, which rich's own Column.copy replaces so.
         table.columns = [
-            replace(c, header=_escaped(c.header), _cells=[_escaped(cell) for cell in c.cells])
+            replace(c, header=_escaped(c.header, ""), _cells=[_escaped(x, "") for x in c.cells])
             for c in renderable.columns
         ]
         return table
     return renderable
 
 
-def _printable(text: str) -> bool:
-    return text.isprintable() or controls_escaped(text) == text
+def _printable(text: str, kept: str = "\n\t") -> bool:
+    return controls_escaped(text, kept) == text
 
 
 def route_lightning_logs() -> None:
@@ -209,7 +210,7 @@ def exit_on_config_error(error: Exception) -> NoReturn:
     """One line, exit status 2; VOLT_TRACEBACK=1 prints the traceback before it. Never re-raised:
     inside a Hydra callback that would become a warning, and the run would go on."""
     if os.environ.get("VOLT_TRACEBACK"):
-        traceback.print_exception(error)
+        _print_traceback(error)
     kind = "config error" if isinstance(error, ConfigError) else "error"
     print(f"volt: {kind}: {one_line(error)}", file=sys.stderr)
     sys.exit(2)
@@ -219,9 +220,14 @@ def exit_on_unexpected_error(error: Exception) -> NoReturn:
     """An error volt did not foresee (a defect, volt's or a library's): its traceback, then its
     one line, exit status 1. In place of Hydra 1.3's report, which ends in a hint to set
     HYDRA_FULL_ERROR=1 (VOLT_TRACEBACK=1 is volt's switch, for the errors that are one line)."""
-    traceback.print_exception(error)
+    _print_traceback(error)
     print(f"volt: error: {one_line(error)}", file=sys.stderr)
     sys.exit(1)
+
+
+def _print_traceback(error: Exception) -> None:
+    # Its messages may quote a handed-over file's text: an escape sequence there stays inert.
+    print(controls_escaped("".join(traceback.format_exception(error))), end="", file=sys.stderr)
 
 
 def one_line(error: Exception) -> str:
@@ -233,13 +239,7 @@ def one_line(error: Exception) -> str:
         target = re.search(r"'([^']+)'", text)
         where = f"{key.group(1)}: " if key else ""
         what = f"{target.group(1)} refused its arguments: " if target else ""
-        return _one_line(f"{where}{what}{type(cause).__name__}: {cause}")
+        return on_one_line(f"{where}{what}{type(cause).__name__}: {cause}")
     # volt's own errors are written for the user; another's needs its type to make sense.
     own = type(error).__module__.startswith(__name__.split(".")[0] + ".")
-    return _one_line(str(error) if own else f"{type(error).__name__}: {error}")
-
-
-def _one_line(text: str) -> str:
-    # Line breaks become spaces, other control characters escapes: an error may quote a
-    # handed-over file's text, and a terminal escape there could erase this line.
-    return controls_escaped(" ".join(text.split()))
+    return on_one_line(str(error) if own else f"{type(error).__name__}: {error}")

@@ -63,13 +63,21 @@ def escaped(text: str) -> str:
     return text if text.isprintable() else ascii(text)
 
 
-def controls_escaped(text: str) -> str:
-    """`text` with every control character but line breaks and tabs escaped (`\\x1b`): what a
+def controls_escaped(text: str, kept: str = "\n\t") -> str:
+    """`text` with every control character but those in `kept` escaped (`\\x1b`): what a
     message volt writes itself, several lines long, keeps; a terminal escape sequence read from a
-    file (one that erases the line above and prints a green "passed") does not."""
-    if all(c.isprintable() or c in "\n\t" for c in text):
+    file (one that erases the line above and prints a green "passed") does not. `kept=""` for
+    text that must stay on its line (a table's cell)."""
+    if all(c.isprintable() or c in kept for c in text):
         return text
-    return "".join(c if c.isprintable() or c in "\n\t" else ascii(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() or c in kept else ascii(c)[1:-1] for c in text)
+
+
+def on_one_line(text: str) -> str:
+    """`text` as the one line an error ends with: line breaks as spaces, other control
+    characters escaped (an error may quote a handed-over file's text, and a terminal escape
+    there could erase the line)."""
+    return controls_escaped(" ".join(text.split()))
 
 
 class EscapedText(logging.Filter):

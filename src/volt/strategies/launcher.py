@@ -62,7 +62,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from volt.config import PROJECT_ROOT
-from volt.errors import RankFailedError, TrainingOutOfMemoryError, VerdictOfAllRanksError
+from volt.errors import (
+    RankFailedError,
+    TrainingOutOfMemoryError,
+    VerdictOfAllRanksError,
+    on_one_line,
+)
 from volt.runs import end_open_records
 
 log = logging.getLogger(__name__)
@@ -414,7 +419,7 @@ class _RankObserver(_ChildProcessObserver):
             RANK_ZERO_GRACE_S,
         )
         end_open_records("failed", error=f"RankFailedError: {said}")
-        print(f"volt: error: {said}", file=sys.stderr, flush=True)
+        print(f"volt: error: {on_one_line(said)}", file=sys.stderr, flush=True)
         logging.shutdown()
         os._exit(USER_ERROR_EXIT if user_facing else 1)
 

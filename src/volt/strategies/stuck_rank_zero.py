@@ -25,6 +25,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from volt.errors import on_one_line
 from volt.folder_files import read_json_object, write_replacing
 
 
@@ -66,8 +67,8 @@ def end_stuck_run(pid: int, run_json: Path, grace_s: float, line: str) -> bool:
     if not alive(pid) or not run_is_running(run_json):
         return False
     print(
-        f"volt: error: {line}; rank 0 still waited for it after {grace_s:.0f} s (in a collective,"
-        " where nothing else of it runs) and was killed",
+        f"volt: error: {on_one_line(line)}; rank 0 still waited for it after {grace_s:.0f} s"
+        " (in a collective, where nothing else of it runs) and was killed",
         file=sys.stderr,
         flush=True,
     )
