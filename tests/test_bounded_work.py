@@ -17,6 +17,7 @@ import torch.distributed.checkpoint as dcp
 import yaml
 from omegaconf import DictConfig
 
+from tests.in_process import RunHere
 from volt.checkpointing import (
     AtomicCheckpointIO,
     CheckpointLoadError,
@@ -186,33 +187,16 @@ def start_endless_prediction(outputs: Path, *patch: str) -> tuple[subprocess.Pop
 
 @pytest.mark.slow  # trains a tiny GPT, then two predictions of 10**9 tokens: about 2 minutes
 @pytest.mark.timeout(600)
-def test_predict_stops_within_30_s_of_sigterm_with_volts_line(tmp_path: Path) -> None:
+def test_predict_stops_within_30_s_of_sigterm_with_volts_line(
+    run_volt_here: RunHere, tmp_path: Path
+) -> None:
+    # The training and the refusal in the test's process; the predictions, signalled, in their own.
     outputs = tmp_path / "outputs"
-    trained = subprocess.run(
-        [sys.executable, "train.py", *TINY_GPT, f"paths.outputs_dir={outputs}"],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    trained = run_volt_here(TINY_GPT)
     assert trained.returncode == 0, trained.stderr[-3000:]
     # the stored length, above eval's cap, is refused in one line; raised, it runs (below)
     (checkpoint,) = (outputs / "train" / "runs" / "gpt" / "checkpoints").glob("last.ckpt")
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "volt.eval",
-            f"ckpt_path={checkpoint}",
-            f"paths.outputs_dir={outputs}",
-        ],
-        cwd=PROJECT_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = run_volt_here([f"ckpt_path={checkpoint}"], module="volt.eval")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "volt: config error: model.max_new_tokens=1000000000 is more than max_new_tokens=1024"
         " allows: the checkpoint sets it, and it costs time or memory its weights do not show;"

@@ -78,19 +78,9 @@ def test_multirun_has_one_directory_per_job_and_a_summary(run_volt: Run, tmp_pat
             "nonexistent_key=1: the train config has no key or config group 'nonexistent_key';"
             " known: ",
         ),
-        # These two are `make test-slow`'s (a fresh interpreter imports torch for volt's checks):
-        # tests/test_bad_inputs.py refuses both through train.py's entry in its process, and
-        # trainer=gpu below takes the same path here.
-        pytest.param(
-            "data.batch_size=many",
-            "data.batch_size='many' is not valid: use a positive integer",
-            marks=pytest.mark.slow,
-        ),
-        pytest.param(
-            "precision=16",
-            "precision=16 is not valid: use one of 64-true, 32-true, 16-mixed",
-            marks=pytest.mark.slow,
-        ),
+        # Volt's value checks (a fresh interpreter imports torch for them): trainer=gpu here;
+        # data.batch_size=many, precision=16 and the rest in tests/test_bad_inputs.py, through
+        # train.py's entry in its process.
         ("trainer=gpu", "no CUDA GPU is visible"),
         ("compile=fast", "compile=fast: config group compile has no option 'fast'; options: "),
     ],

@@ -2,7 +2,7 @@
 (tests/user_task.py), train, resume, evaluate and predict through volt's entry points with nothing
 volt-specific but their config files (tests/user_task_conf/) and `task=plain`. The default
 suite's run what `python train.py` and `python -m volt.eval` run in the test's process
-(run_volt_here); the toggles' (slow) each in a process of its own."""
+(run_volt_here), as do the toggles' (slow), but for DDP's ranks, which are processes."""
 
 import csv
 import json
@@ -137,9 +137,10 @@ def test_from_data_skips_what_the_model_does_not_take(compose_config: Callable[.
     ids=["ddp", "bf16-compiled", "tune", "dp"],
 )
 def test_a_plain_lightning_task_takes_every_toggle(
-    toggles: list[str], run_volt: Run, tmp_path: Path
+    toggles: list[str], run_volt: Run, run_volt_here: RunHere, tmp_path: Path
 ) -> None:
-    result = run_volt([*USER_TASK, "trainer.max_epochs=1", *toggles], timeout=400)
+    args = [*USER_TASK, "trainer.max_epochs=1", *toggles]
+    result = run_volt(args, timeout=400) if "trainer=ddp" in toggles else run_volt_here(args)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only(tmp_path / "outputs" / "train" / "runs")
     assert json.loads((run_dir / "metrics.json").read_text())["metrics"]["test/loss"] < 3.0

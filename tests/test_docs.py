@@ -28,6 +28,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 
+from tests.in_process import RunHere
 from volt.config import CONF_DIR, PROJECT_ROOT
 from volt.config.composition import VERSION_BASE, check_command_line
 from volt.config.keys import check_added_keys, check_target_arguments
@@ -323,7 +324,9 @@ def test_benchmark_writes_its_table_between_markers_of_its_page(script: str) -> 
 
 # The README's commands that run in seconds on the CPU, run for real, in the order a newcomer
 # would type them: (as the README shows it, as run here). `{ckpt}` is the checkpoint the first run
-# wrote; every run writes under the test's own outputs folder.
+# wrote; every run writes under the test's own outputs folder. What `train.py` and `-m volt.eval`
+# run, runs in the test's process (run_volt_here): the commands' results are the point here, and
+# a fresh interpreter's start is tested elsewhere (tests/test_cli.py); `volt.env` in its own.
 EVAL = "python -m volt.eval ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt"
 RUN_FOR_REAL = [
     ("python train.py", "train.py"),
@@ -340,19 +343,23 @@ RUN_FOR_REAL = [
 ]
 
 
-@pytest.mark.slow  # eight processes, about a minute on 2 cores
-def test_the_quick_commands_of_the_readme_run(tmp_path: Path) -> None:
+@pytest.mark.slow  # seven commands here and volt.env in a process: about a minute on 2 cores
+def test_the_quick_commands_of_the_readme_run(run_volt_here: RunHere, tmp_path: Path) -> None:
     readme = (PROJECT_ROOT / "README.md").read_text()
     outputs = tmp_path / "outputs"
     ckpt = ""
     for shown, run in RUN_FOR_REAL:
         assert f"`{shown}`" in readme, f"the README no longer shows {shown!r}: update RUN_FOR_REAL"
         args = shlex.split(run.format(ckpt=ckpt))
-        if "volt.env" not in run and "--cfg" not in run:
-            args.append(f"paths.outputs_dir={outputs}")
-        result = subprocess.run(
-            [sys.executable, *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
-        )
+        if args[0] == "train.py":
+            result = run_volt_here(args[1:])
+        elif args[:2] == ["-m", "volt.eval"]:
+            result = run_volt_here(args[2:], module="volt.eval")
+        else:
+            command = [sys.executable, *args]
+            result = subprocess.run(
+                command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
+            )
         assert result.returncode == 0, f"{shown}\n{result.stderr[-3000:]}"
         if not ckpt and run == "train.py":
             (found,) = (outputs / "train" / "runs").glob("*/checkpoints/last.ckpt")

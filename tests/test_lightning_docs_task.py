@@ -1,20 +1,17 @@
 """Modules written as Lightning's docs write them (tests/lightning_docs_task.py) train, evaluate,
 predict and sweep with their two YAML files (tests/lightning_docs_conf/) and nothing else typed:
 no task, no test=false, no task.watch. What a module lacks turns the matching step off in one
-line; what it logs is what volt watches. The default suite's tests run what `python train.py` and
-`python -m volt.eval` run in the test's process (run_volt_here); the slow sweep in its own."""
+line; what it logs is what volt watches. The tests run what `python train.py` and
+`python -m volt.eval` run in the test's process (run_volt_here), the slow sweep too."""
 
 import csv
 import json
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.in_process import RunHere
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
 CONF = Path(__file__).parent / "lightning_docs_conf"
 QUICK = [
     f"hydra.searchpath=[file://{CONF}]",
@@ -100,9 +97,9 @@ def test_a_module_that_logs_nothing_has_a_loss_curve(
 
 
 @pytest.mark.slow  # a two-job sweep, about 30 s on 2 cores
-def test_a_sweep_ranks_by_what_the_module_logs(run_volt: Run, tmp_path: Path) -> None:
+def test_a_sweep_ranks_by_what_the_module_logs(run_volt_here: RunHere, tmp_path: Path) -> None:
     # task=plain watches val/loss, which this module logs as val_loss: the summary ranks by it.
-    swept = run_volt(
+    swept = run_volt_here(
         ["-m", *QUICK, "model=lit", "model.lr=0.01,0.05", "task=plain", "name=s", "logger=none"]
     )
     assert swept.returncode == 0, swept.stderr[-3000:]

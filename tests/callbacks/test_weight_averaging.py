@@ -5,23 +5,21 @@ the decay warms up (`ema_warmup`), so that the default digits run gains from the
 import hashlib
 import json
 import signal
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.in_process import RunHere
 from tests.sync_counter import SyncCounter, per_step, read_counts
 from tests.tiny_regression import TinyRegression
-from volt import train as volt_train
 from volt.callbacks.graceful_shutdown import GracefulShutdown
 from volt.callbacks.weight_averaging import ExponentialMovingAverage
 from volt.checkpointing import AtomicCheckpointIO
@@ -283,37 +281,16 @@ def snapshot(root: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def run_train(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[list[str]], tuple[int, str]]]:
-    """`python train.py ...` in this process; returns (exit code, stderr)."""
-
-    def _run(args: list[str]) -> tuple[int, str]:
-        GlobalHydra.instance().clear()
-        argv = ["train.py", *args, f"paths.outputs_dir={tmp_path / 'outputs'}"]
-        monkeypatch.setattr(sys, "argv", argv)
-        code: int | str | None = 0
-        try:
-            volt_train.main()
-        except SystemExit as exit:
-            code = exit.code
-        return (code if isinstance(code, int) else 1), capsys.readouterr().err
-
-    yield _run
-    GlobalHydra.instance().clear()
-
-
 @pytest.mark.parametrize("value", ["1.0", "0", "-0.5", "1", "1.5", "fast"])
 def test_a_decay_outside_0_1_is_refused_before_anything_is_written(
-    value: str, run_train: Callable[[list[str]], tuple[int, str]], tmp_path: Path
+    value: str, run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     (tmp_path / "outputs").mkdir()
     before = snapshot(tmp_path / "outputs")
-    code, err = run_train([f"ema={value}", "name=refused"])
-    assert code == 2, err
-    lines = [line for line in err.splitlines() if "ema=" in line]
-    assert len(lines) == 1, err
+    refused = run_volt_here([f"ema={value}", "name=refused"])
+    assert refused.returncode == 2, refused.stderr
+    lines = [line for line in refused.stderr.splitlines() if "ema=" in line]
+    assert len(lines) == 1, refused.stderr
     assert "is not valid: use null (off) or a decay strictly between 0 and 1" in lines[0]
     assert "(e.g. ema=0.999)" in lines[0]
     assert snapshot(tmp_path / "outputs") == before
@@ -363,10 +340,10 @@ QUICK = [
 
 
 @pytest.mark.slow
-def test_train_then_eval_use_the_average(run_volt: Callable[..., Any], tmp_path: Path) -> None:
+def test_train_then_eval_use_the_average(run_volt_here: RunHere, tmp_path: Path) -> None:
     """The best checkpoint's `state_dict` is the average; test after training, `volt.eval` and
     `load_trained_module` all evaluate it, rebuilt from the config stored with it."""
-    done = run_volt([*QUICK, "name=run"])
+    done = run_volt_here([*QUICK, "name=run"])
     assert done.returncode == 0, done.stderr[-3000:]
     record = json.loads((run_dir(tmp_path, "run") / "metrics.json").read_text())
     best_path = Path(record["best_checkpoint"])
@@ -379,7 +356,7 @@ def test_train_then_eval_use_the_average(run_volt: Callable[..., Any], tmp_path:
     assert not torch.equal(
         checkpoint["state_dict"][weights], checkpoint["current_model_state"][weights]
     )
-    evaluated = run_volt([f"ckpt_path={best_path}"], module="volt.eval")
+    evaluated = run_volt_here([f"ckpt_path={best_path}"], module="volt.eval")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     eval_dir = next((tmp_path / "outputs" / "eval" / "runs").iterdir())
     metrics = json.loads((eval_dir / "metrics.json").read_text())["metrics"]
@@ -402,7 +379,7 @@ def test_train_then_eval_use_the_average(run_volt: Callable[..., Any], tmp_path:
 def test_resumed_equals_unbroken(
     extra: list[str],
     stop_at: int,
-    run_train: Callable[[list[str]], tuple[int, str]],
+    run_volt_here: RunHere,
     run_volt: Callable[..., Any],
     tmp_path: Path,
 ) -> None:
@@ -416,12 +393,9 @@ def test_resumed_equals_unbroken(
         ("resumed", [f"trainer.max_steps={stop_at}"]),
         ("resumed", []),
     ]:
-        if "trainer=ddp" in extra:
-            done = run_volt([*common, f"name={name}", *args])
-            code, err = done.returncode, done.stderr
-        else:
-            code, err = run_train([*common, f"name={name}", *args])
-        assert code == 0, err[-3000:]
+        run = run_volt if "trainer=ddp" in extra else run_volt_here
+        done = run([*common, f"name={name}", *args])
+        assert done.returncode == 0, done.stderr[-3000:]
         if args:
             (run_dir(tmp_path, name) / "metrics.json").unlink()  # as if killed after the checkpoint
     assert "resuming run resumed" in (run_dir(tmp_path, "resumed") / "train.log").read_text()
@@ -436,9 +410,7 @@ def accuracy_of(tmp_path: Path, name: str) -> float:
 
 
 @pytest.mark.slow
-def test_the_average_helps_the_default_run(
-    run_train: Callable[[list[str]], tuple[int, str]], tmp_path: Path
-) -> None:
+def test_the_average_helps_the_default_run(run_volt_here: RunHere, tmp_path: Path) -> None:
     """`python train.py ema=0.999` (digits, 20 epochs of 19 steps at most, seed 42) tests at
     least as well as the same run without the average. The fixed decay, a control that this
     comparison can fail, does not: its average still holds the first steps' weights."""
@@ -449,7 +421,7 @@ def test_the_average_helps_the_default_run(
         "fixed": ["ema=0.999", "ema_warmup=false"],
     }
     for name, args in runs.items():
-        code, err = run_train([*args, *quiet, f"name={name}"])
-        assert code == 0, err[-3000:]
+        done = run_volt_here([*args, *quiet, f"name={name}"])
+        assert done.returncode == 0, done.stderr[-3000:]
     plain, warmup, fixed = (accuracy_of(tmp_path, name) for name in runs)
     assert warmup >= plain > fixed, (warmup, plain, fixed)

@@ -311,14 +311,15 @@ def assert_stored_as_interpolation(run_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_a_run_its_resume_and_eval_write_no_secret(
-    run_volt: Run, tmp_path: Path, fake_secrets: tuple[str, str, list[str]]
+    run_volt_here: RunHere, tmp_path: Path, fake_secrets: tuple[str, str, list[str]]
 ) -> None:
+    # In the test's process: what the runs write and say is the point, not a process of their own.
     secret, dropout, overrides = fake_secrets
     stop = f"+callbacks.fail_once={{_target_:{HERE}.FailOnceInSecondEpoch,marker:'{tmp_path}/x'}}"
     command = ["name=keyed", "trainer.max_epochs=2", stop, *overrides]
-    first = run_volt(command)
+    first = run_volt_here(command)
     assert first.returncode == 1 and "stopped on purpose" in first.stderr, first.stderr[-3000:]
-    resumed = run_volt(command)
+    resumed = run_volt_here(command)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "keyed"
     assert "resuming run keyed from" in (run_dir / "train.log").read_text()
@@ -328,7 +329,7 @@ def test_a_run_its_resume_and_eval_write_no_secret(
     # eval reads no variable a checkpoint names at an ordinary key (issue #31): the run's own
     # dropout, stored as its environment read, is refused with one line, the secret unread.
     last = run_dir / "checkpoints" / "last.ckpt"
-    evaluated = run_volt([f"ckpt_path={last}", "trusted_targets=[tests]"], module="volt.eval")
+    evaluated = run_volt_here([f"ckpt_path={last}", "trusted_targets=[tests]"], module="volt.eval")
     assert evaluated.returncode == 2, evaluated.stderr[-3000:]
     assert "model.net.dropout: '${oc.decode:${oc.env:VOLT_TEST_DROPOUT}}' is not allowed" in (
         evaluated.stderr

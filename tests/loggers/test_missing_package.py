@@ -2,7 +2,6 @@
 written."""
 
 import importlib.util
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig
 
-from volt.config import PROJECT_ROOT
+from tests.in_process import RunHere
 from volt.config.validation import check_config
 from volt.errors import ConfigError
 
@@ -39,22 +38,16 @@ def test_check_config_names_the_pip_command(
     assert PIP in str(error.value)
 
 
-@pytest.mark.slow  # a process of its own: 5 s alone, half a minute on a busy 2-core machine
-def test_train_stops_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+def test_train_stops_with_one_line_and_writes_nothing(
+    run_volt_here: RunHere, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # `import mlflow` fails and find_spec says it is not there, as without the package.
-    code = (
-        "import runpy, sys; sys.modules['mlflow'] = None; sys.argv[0] = 'train.py';"
-        " runpy.run_path('train.py', run_name='__main__')"
-    )
-    outputs = tmp_path / "outputs"
-    command = [sys.executable, "-c", code, "logger=mlflow", f"paths.outputs_dir={outputs}"]
-    result = subprocess.run(
-        command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False
-    )
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    result = run_volt_here(["logger=mlflow"])
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == (
         "volt: config error: logger.mlflow (volt.loggers.mlflow.MLflowRunLogger) needs the mlflow"
         f" package, which is not installed: {PIP}, or choose another logger"
         " (e.g. logger=tensorboard)"
     )
-    assert not outputs.exists()
+    assert not (tmp_path / "outputs").exists()

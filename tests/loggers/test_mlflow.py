@@ -1,21 +1,19 @@
-"""logger=mlflow: against a real MLflow tracking server (slow) and a SQLite store (fast), read
-back through MlflowClient."""
+"""logger=mlflow: against a real MLflow tracking server (slow; volt's runs in the test's process,
+run_volt_here) and a SQLite store (fast), read back through MlflowClient."""
 
 import json
 import logging
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from lightning.pytorch.utilities import rank_zero_only
 from mlflow.tracking import MlflowClient
 
+from tests.in_process import RunHere
 from tests.loggers.conftest import TINY
 from volt.loggers.mlflow import BEST_CHECKPOINT_TAG, RUN_DIR_TAG, MLflowRunLogger, override_tags
 from volt.loggers.tracked_run import tracked_run
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
 SECRET = "s3cret-4f9a1c"
 
 
@@ -139,7 +137,7 @@ def runs_of(client: MlflowClient, experiment_name: str) -> list:
 
 @pytest.mark.slow
 def test_a_named_run_and_its_continuation_are_one_mlflow_run(
-    mlflow_server: str, run_volt: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mlflow_server: str, run_volt_here: RunHere, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A value read from the environment: params and tags hold where it came from, not the value.
     monkeypatch.setenv("VOLT_TEST_SECRET", str(tmp_path / SECRET))
@@ -151,7 +149,7 @@ def test_a_named_run_and_its_continuation_are_one_mlflow_run(
         *TINY,
         "trainer.max_epochs=2",
     ]
-    first = run_volt([*args, "trainer.max_steps=4"])  # stops at the end of epoch 0
+    first = run_volt_here([*args, "trainer.max_steps=4"])  # stops at the end of epoch 0
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "tracked"
     run_id = (run_dir / "mlflow_run_id.txt").read_text().split()[0]
@@ -180,7 +178,7 @@ def test_a_named_run_and_its_continuation_are_one_mlflow_run(
 
     # As if the run had been killed after its first epoch: continued for a second one.
     (run_dir / "metrics.json").unlink()
-    second = run_volt([*args, "trainer.max_steps=-1"])  # run-neutral: the same named run
+    second = run_volt_here([*args, "trainer.max_steps=-1"])  # run-neutral: the same named run
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming run tracked" in second.stdout + second.stderr
     assert (run_dir / "mlflow_run_id.txt").read_text().split()[0] == run_id
@@ -194,10 +192,10 @@ def test_a_named_run_and_its_continuation_are_one_mlflow_run(
 
 @pytest.mark.slow
 def test_the_jobs_of_a_sweep_are_runs_of_one_experiment(
-    mlflow_server: str, run_volt: Run, tmp_path: Path
+    mlflow_server: str, run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     args = ["-m", "name=mlgrid", "logger=mlflow", f"logger.mlflow.tracking_uri={mlflow_server}"]
-    result = run_volt([*args, "data.batch_size=32,64", *TINY, "trainer.max_epochs=1"])
+    result = run_volt_here([*args, "data.batch_size=32,64", *TINY, "trainer.max_epochs=1"])
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = tmp_path / "outputs" / "train" / "multiruns" / "mlgrid"
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())

@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.in_process import RunHere
 from volt.build import build_training
 from volt.config.validation import check_config
 from volt.errors import ConfigError
@@ -129,7 +130,7 @@ def test_a_wrap_class_the_model_lacks_is_refused_before_any_rank_starts(
 
 @pytest.mark.slow
 def test_two_cpu_ranks_fit_sample_and_eval_reads_the_checkpoint(
-    run_volt: Run, tmp_path: Path
+    run_volt: Run, run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     # The single-file layout; the sharded default: tests/strategies/test_fsdp_checkpoints.py.
     result = run_volt([*TINY, "name=tiny", "trainer.strategy.checkpoint=full"])
@@ -145,7 +146,7 @@ def test_two_cpu_ranks_fit_sample_and_eval_reads_the_checkpoint(
     assert state["net.blocks.0.attn.qkv.weight"].shape == (384, 128)
     assert torch.equal(state["net.lm_head.weight"], state["net.tok_emb.weight"])
 
-    evaluated = run_volt(eval_command(best), module="volt.eval")
+    evaluated = run_volt_here(eval_command(best), module="volt.eval")  # one process, one device
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     record = json.loads(only_dir(tmp_path / "outputs" / "eval" / "runs").joinpath(
         "metrics.json").read_text())  # fmt: skip

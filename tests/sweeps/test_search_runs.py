@@ -1,5 +1,6 @@
 """A real search on digits in a subprocess: pruned trials, a kill mid-search, the same command
-continuing it, and a larger n_trials adding trials."""
+continuing it, and a larger n_trials adding trials (those two in the test's process: the kill
+needs a process, what follows only the result)."""
 
 import json
 import os
@@ -7,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import optuna
@@ -15,10 +15,10 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from tests.in_process import RunHere
 from volt.config import PROJECT_ROOT
 from volt.sweeps.pruning import open_journal
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
 TINY_LR, GOOD_LR = 1e-06, 0.01
 # RandomSampler(seed=0) draws 0.01, 1e-06, 0.01 for the first three trials (Optuna 4-5): a pruned
 # trial, and a good one running when the search is killed.
@@ -69,7 +69,7 @@ def start_and_kill_during_trial(args: list[str], sweep: Path, number: int) -> No
 
 
 @pytest.mark.slow
-def test_a_killed_search_continues_and_prunes(run_volt: Run, tmp_path: Path) -> None:
+def test_a_killed_search_continues_and_prunes(run_volt_here: RunHere, tmp_path: Path) -> None:
     args = [*SEARCH, "hydra.sweeper.n_trials=3", f"paths.outputs_dir={tmp_path / 'outputs'}"]
     sweep = tmp_path / "outputs" / "train" / "multiruns" / "search"
     start_and_kill_during_trial(args, sweep, number=2)
@@ -86,7 +86,7 @@ def test_a_killed_search_continues_and_prunes(run_volt: Run, tmp_path: Path) -> 
 
     # The same command: trial 2 again, in its own directory, from its checkpoint.
     first_done = (job_dir(sweep, 0) / "metrics.json").stat().st_mtime_ns
-    result = run_volt(args[:-1])
+    result = run_volt_here(args[:-1])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming run search" in result.stdout + result.stderr
     study = study_of(sweep)
@@ -95,7 +95,7 @@ def test_a_killed_search_continues_and_prunes(run_volt: Run, tmp_path: Path) -> 
     assert len(list(sweep.glob("*_*/.hydra"))) == 3
 
     # More trials: one more job, the finished ones untouched.
-    result = run_volt([*args[:-2], "hydra.sweeper.n_trials=4"])
+    result = run_volt_here([*args[:-2], "hydra.sweeper.n_trials=4"])
     assert result.returncode == 0, result.stderr[-3000:]
     study = study_of(sweep)
     assert len(study.trials) == 4 and study.trials[3].state != TrialState.RUNNING
@@ -125,10 +125,10 @@ def test_a_killed_search_continues_and_prunes(run_volt: Run, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_the_gpt_search_runs_at_a_tiny_size(run_volt: Run, tmp_path: Path) -> None:
+def test_the_gpt_search_runs_at_a_tiny_size(run_volt_here: RunHere, tmp_path: Path) -> None:
     """hparams_search=gpt_bytes_tiny_optuna as shipped, shrunk: two trials of 60 steps, the second
     compared with the first at each validation (a minimising study: val/bpb)."""
-    result = run_volt(
+    result = run_volt_here(
         [
             "hparams_search=gpt_bytes_tiny_optuna",
             "name=gpt",
