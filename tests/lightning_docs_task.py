@@ -89,3 +89,21 @@ class BuggyRegressor(LitRegressor):
 
     def training_step(self, batch, batch_idx):
         raise RuntimeError("a bug in training_step")
+
+
+class GatheredRegressor(LitRegressor):
+    """Its validation loss over every rank's batches, gathered and logged by rank 0 alone, as
+    Lightning's docs show (Logging, "rank_zero_only"): under DDP the other ranks log no
+    `val_loss`."""
+
+    def on_validation_epoch_start(self):
+        self.val_losses = []
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.val_losses.append(F.mse_loss(self.model(x), y))
+
+    def on_validation_epoch_end(self):
+        losses = self.all_gather(torch.stack(self.val_losses))
+        if self.trainer.is_global_zero:
+            self.log("val_loss", losses.mean(), rank_zero_only=True)

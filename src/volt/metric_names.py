@@ -29,9 +29,16 @@ def is_recorded(name: str) -> bool:
     return words[:1] == ("val",) or (words[:1] == ("train",) and "loss" in words)
 
 
-def validation_loss(logged: Iterable[str]) -> str | None:
-    """The validation loss a module logs (`val_loss`, `val/loss`...), if it logs one."""
-    return find_watched(logged, "val/loss")
+def followed(logged: Iterable[str], watch: str, mode: str) -> tuple[str, str] | None:
+    """The metric and mode that early stopping, the best checkpoint and a sweep's summary follow
+    for a module that logs `logged`: `watch` under the module's name for it, else its validation
+    loss (`val_loss`, `val/loss`...; lower is better), else None."""
+    names = list(logged)
+    watched = find_watched(names, watch)
+    if watched is not None:
+        return watched, mode
+    loss = find_watched(names, "val/loss")
+    return None if loss is None else (loss, "min")
 
 
 def watched_value(metrics: Mapping[str, float], watch: str) -> float | None:

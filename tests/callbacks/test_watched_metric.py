@@ -95,3 +95,21 @@ def test_a_checkpoint_followed_as_the_fit_restores_it_is_restored(tmp_path: Path
     assert (best.monitor, stop.monitor, stop.mode) == ("val_loss", "val_loss", "min")
     assert float(best.best_model_score) <= score and stop.best_score <= score
     assert Path(best.best_model_path).parent == tmp_path
+
+
+def test_a_metric_another_rank_did_not_log_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DDP only what every rank logged counts (a metric rank 0 logs alone, with
+    `rank_zero_only=True`, cannot be followed): ranks that judged apart waited on each other for
+    ever. Here the other rank logged no val_loss (two real ranks: tests/strategies/test_ddp.py)."""
+    import volt.callbacks.watched_metric as watched_metric
+
+    every_rank = watched_metric.names_on_every_rank
+    monkeypatch.setattr(
+        watched_metric,
+        "names_on_every_rank",
+        lambda names: [n for n in every_rank(names) if n != "val_loss"],
+    )
+    trainer, best, stop = fit(tmp_path, "val/acc", "max", epochs=2)
+    assert stop is None and best is trainer.checkpoint_callbacks[-1]  # only last.ckpt's is left

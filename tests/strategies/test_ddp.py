@@ -202,6 +202,24 @@ def test_a_failing_rank_ends_the_run_quickly_with_its_error(
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # a DDP run of a small regression: about 15 s on 2 cores
+def test_a_metric_logged_by_rank_zero_alone_is_not_followed_and_no_rank_waits(
+    run_volt: Run, tmp_path: Path
+) -> None:
+    """A module that gathers its validation loss and logs it on rank 0 alone, as Lightning's docs
+    show: rank 0 followed it and remade its checkpoint (whose setup broadcasts), rank 1 dropped
+    theirs, and rank 0 waited in that broadcast for ever (seen 2026-11-28). Both ranks now
+    judge by what every rank logged."""
+    conf = Path(__file__).parents[1] / "lightning_docs_conf"
+    args = [f"hydra.searchpath=[file://{conf}]", "model=gathered", "data=line", "name=g"]
+    result = run_volt([*QUICK, *args, "trainer.max_epochs=2"], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (result.stdout + result.stderr).count("best checkpoint is off") == 1  # rank 0 says it
+    logged = (tmp_path / "outputs" / "train" / "runs" / "g" / "train.log").read_text()
+    assert "GatheredRegressor logged no 'val/acc' in validation (logged on every rank:" in logged
+    assert not processes_mentioning(str(tmp_path))
+
+
 @pytest.mark.slow  # five DDP and FSDP runs: about 3 minutes on 2 cores
 @pytest.mark.parametrize(
     ("strategy", "others"),

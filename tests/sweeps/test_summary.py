@@ -19,6 +19,7 @@ from volt.sweeps.summary import (
     main,
     objective,
     print_sweep_summary,
+    rank_rows,
     write_sweep_summary,
 )
 
@@ -157,6 +158,18 @@ def test_the_watched_metric_is_found_under_the_name_the_jobs_log(tmp_path: Path)
     (tmp_path / "multirun.yaml").write_text("task:\n  watch: val/loss\n  mode: min\n")
     rows = [{"job": "0", "val_loss": "0.3", "val_loss_best": "0.2"}]
     assert objective(tmp_path, rows) == ("val_loss_best", "min")
+
+
+def test_jobs_whose_module_logs_only_a_validation_loss_rank_by_it(tmp_path: Path) -> None:
+    """The default task watches val/acc (higher is better); the jobs' best checkpoints followed
+    the val_loss their module logs instead, lower is better: so does the summary."""
+    (tmp_path / "multirun.yaml").write_text("task:\n  watch: val/acc\n  mode: max\n")
+    rows = [{"job": "0", "val_loss_best": "0.08"}, {"job": "1", "val_loss_best": "0.02"}]
+    for row in rows:
+        row["val_loss"] = row["val_loss_best"]
+    column, mode = objective(tmp_path, rows)
+    assert (column, mode) == ("val_loss_best", "min")
+    assert [row["job"] for row in rank_rows(rows, column, mode)] == ["1", "0"]
 
 
 def test_summary_md_says_once_what_every_job_shares(sweep: Path) -> None:

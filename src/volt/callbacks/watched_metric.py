@@ -2,9 +2,10 @@
 user's own may log it under another name (`val_loss` for `val/loss`), log only a validation loss,
 or log nothing. Lightning then ends the fit with a multi-line RuntimeError (EarlyStopping,
 strict) or MisconfigurationException (ModelCheckpoint). Here, after the first validation, both
-follow the metric the module logs under the watched metric's meaning (volt.metric_names), else
-its validation loss (lower is better), else step aside; one line says which. last.ckpt (a
-checkpoint callback without a monitor) is kept, so eval, predict and resume still work.
+follow the metric the module logs (on every rank) under the watched metric's meaning
+(volt.metric_names), else its validation loss (lower is better), else step aside; one line says
+which. last.ckpt (a checkpoint callback without a monitor) is kept, so eval, predict and resume
+still work.
 
 To follow another metric, each is made anew by its constructor (from its config entry: volt.build)
 with that monitor, mode and file name, and takes the old one's place: Lightning 2.6.6 has no
@@ -25,7 +26,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from volt.metric_names import find_watched, validation_loss
+from volt.collectives import names_on_every_rank
+from volt.metric_names import followed
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +91,13 @@ class WatchedMetricCheck(Callback):
         if trainer.sanity_checking or self.judged:
             return
         self.judged = True
-        logged = list(trainer.callback_metrics)
-        watched = find_watched(logged, self.watch)
-        mode = self.mode
-        if watched is None and (watched := validation_loss(logged)) is not None:
-            mode = "min"
-        if watched is not None and (watched, mode) != (self.watch, self.mode):
+        # What every rank logged: all ranks decide alike, or they wait on each other (a remade
+        # checkpoint's setup broadcasts its folder; saving and stopping decide together). A
+        # metric logged by rank 0 alone (`rank_zero_only=True`) cannot be followed.
+        logged = names_on_every_rank(trainer.callback_metrics)
+        found = followed(logged, self.watch, self.mode)
+        if found is not None and found != (self.watch, self.mode):
+            watched, mode = found
             log.info(
                 "watching %s (%s is better): %s logs no %r",
                 watched,
@@ -109,20 +112,23 @@ class WatchedMetricCheck(Callback):
                 callback.on_fit_start(trainer, pl_module)
                 callback.on_train_start(trainer, pl_module)
             return
-        if watched is not None:
+        if found is not None:
             return
         for callback in self._followers(trainer):
             # They come after this callback: Lightning's loop over the list, now at this one,
             # goes on to the next that remains.
             trainer.callbacks.remove(callback)  # type: ignore[attr-defined]
+            if not trainer.is_global_zero:
+                continue  # every rank decided alike: one says so
             role = "early stopping" if isinstance(callback, EarlyStopping) else "best checkpoint"
             log.warning(
-                "%s is off: %s logged no %r in validation (logged: %s); set task.watch=<one of"
-                " them> and task.mode=max|min",
+                "%s is off: %s logged no %r in validation (logged%s: %s); set task.watch=<one"
+                " of them> and task.mode=max|min",
                 role,
                 type(pl_module).__name__,
                 self.watch,
-                ", ".join(sorted(logged)) or "nothing",
+                " on every rank" if trainer.world_size > 1 else "",
+                ", ".join(logged) or "nothing",
             )
 
     def _followers(self, trainer: pl.Trainer) -> list[Follower]:

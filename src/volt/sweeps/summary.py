@@ -19,7 +19,7 @@ from rich.text import Text
 from volt.console import Terminal, escape_what_the_console_cannot_print, exit_on_config_error
 from volt.errors import ConfigError, escaped
 from volt.folder_files import read_overrides, read_yaml, write_replacing
-from volt.metric_names import find_watched
+from volt.metric_names import followed
 from volt.runs import read_record
 
 CSV_FILE = "summary.csv"
@@ -90,8 +90,9 @@ def objective(sweep_dir: Path, rows: list[dict[str, str]]) -> tuple[str | None, 
     watch, mode = sweep_watch(sweep_dir)
     if watch is None:
         return None, mode
-    # Under the name the jobs' module logs it by (`val_loss` for `val/loss`: volt.metric_names).
-    watch = find_watched({k for r in rows for k in r}, watch) or watch
+    # What the jobs' best checkpoints followed: the name their module logs it by (`val_loss` for
+    # `val/loss`), else its validation loss (volt.metric_names).
+    watch, mode = followed({k for r in rows for k in r}, watch, mode) or (watch, mode)
     column = f"{watch}_best" if any(f"{watch}_best" in r for r in rows) else watch
     return column, mode
 
