@@ -195,6 +195,13 @@ CASES: list[tuple[str, list[str], str]] = [
     ("devices zero", ["trainer.devices=0"], "trainer.devices=0 is not valid"),
     ("devices negative", ["trainer=cpu", "trainer.devices=-2"], "trainer.devices=-2 is not valid"),
     ("strategy typo", ["trainer.strategy=ddpp"], "trainer.strategy='ddpp' is not a strategy"),
+    # Lightning's own ranks: each a new run of the command (exit 137), or a pickled run (exit 1).
+    ("Lightning's ddp", ["trainer=cpu", "trainer.devices=2"], "use trainer=ddp trainer.devices=2"),
+    (
+        "Lightning's ddp_spawn",
+        ["trainer=cpu", "trainer.devices=2", "trainer.strategy=ddp_spawn"],
+        "trainer.strategy='ddp_spawn' over 2 processes",
+    ),
     ("limit batches", ["trainer.limit_val_batches=1.5"], "trainer.limit_val_batches=1.5 is not"),
     ("clip algorithm", ["+trainer.gradient_clip_algorithm=max"], "gradient_clip_algorithm='max'"),
     ("prefetch zero", ["data.prefetch_factor=0"], "data.prefetch_factor=0 is not valid"),

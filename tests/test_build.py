@@ -4,6 +4,7 @@ config that asked for it. On the CPU where torch runs them there, on a GPU behin
 (`pytest -m gpu`)."""
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tests.step_probes import read_record
-from volt.build import build_training
+from volt.build import apply_toggles, build_training
 from volt.config.validation import PRECISIONS
 from volt.training import train
 
@@ -130,6 +131,21 @@ def test_compile_compiles_the_net_that_trains(
     else:
         assert compilation["compiled_modules"] == ["net"]  # task.module: the net alone
         assert compilation["graphs"] > 0  # TorchDynamo traced the forward: it ran compiled
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_model_without_the_tasks_submodule_is_said_only_where_a_toggle_acts(
+    channels_last: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A module of the user's own under the default task (task.module=net) has no `net`: one
+    line says that compile and channels_last act on the whole module, when one of them acts."""
+    from tests.lightning_docs_task import LitRegressor
+
+    compile_off = {"mode": None, "fullgraph": False, "dynamic": None}
+    toggles = {"task": {"module": "net"}, "compile": compile_off, "channels_last": channels_last}
+    with caplog.at_level(logging.INFO, logger="volt"):
+        apply_toggles(OmegaConf.create(toggles), LitRegressor())
+    assert ("LitRegressor has no such submodule" in caplog.text) is channels_last
 
 
 def test_profiler_writes_a_trace(compose_config: Compose, fast: list[str]) -> None:

@@ -43,6 +43,7 @@ from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targ
 from volt.errors import ConfigError
 from volt.gpu import apply_compile, apply_float8
 from volt.strategies.fsdp import FSDPStrategy
+from volt.strategies.launcher import RunConfigLauncher
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
 from volt.sweeps.pruning import TrialLink, TrialPruning, default_pruner, trial_in_environment
 
@@ -182,7 +183,9 @@ def toggled_module(model: pl.LightningModule, path: str | None) -> nn.Module:
 def apply_toggles(cfg: DictConfig, model: pl.LightningModule) -> list[Any]:
     """channels_last -> SyncBatchNorm choice -> float8 -> compile, each in this one place;
     returns the Trainer plugins the choices need (Lightning distributes at fit, after these)."""
-    module = toggled_module(model, cfg.task.module)
+    # The part they act on, looked for (and a missing one said) only where one of them acts.
+    acting = cfg.get("channels_last") or cfg.get("float8") or cfg.compile.mode
+    module = toggled_module(model, cfg.task.module) if acting else model
     if cfg.get("channels_last"):
         # NHWC weights: convolutions on tensor cores run without transposes; an NCHW input is
         # converted by the first convolution.
@@ -277,6 +280,7 @@ def build_trainer(
         plugins=given + plugins,
         **added,
     )
+    refuse_lightnings_launcher(trainer, cfg.trainer.get("strategy"))
     allow_clipping_fused_optimizers(trainer)
     no_collective_in_sigterm_handler(trainer)
     skip_inherited_batch_hooks(trainer.callbacks)  # type: ignore[attr-defined]
@@ -307,6 +311,23 @@ def skip_inherited_batch_hooks(callbacks: Sequence[Callback]) -> None:
             # Compared as the bound method's function: LambdaCallback sets its own on the instance.
             if getattr(getattr(callback, hook), "__func__", None) is getattr(Callback, hook):
                 setattr(callback, hook, None)
+
+
+def refuse_lightnings_launcher(trainer: pl.Trainer, strategy: Any) -> None:
+    """Lightning's own multi-process strategies (`trainer.strategy=ddp`, `ddp_spawn`, or `auto`
+    over several devices) start the other ranks by running the command line again, which under
+    Hydra makes a run directory each and fails on rank 0's lock, or by pickling the run, which
+    fails on its signal handlers (seen with Lightning 2.6.6). volt's strategies start them from
+    the run's config (volt.strategies.launcher); under torchrun or srun Lightning starts none."""
+    launcher = trainer.strategy.launcher
+    if launcher is None or isinstance(launcher, RunConfigLauncher):
+        return
+    name = strategy.get("_target_") if isinstance(strategy, DictConfig) else strategy
+    raise ConfigError(
+        f"trainer.strategy={name!r} over {trainer.world_size} processes: Lightning would start"
+        " each rank as a new run of this command; use trainer=ddp"
+        f" trainer.devices={trainer.num_devices} (volt's DDP), or trainer=fsdp"
+    )
 
 
 def no_collective_in_sigterm_handler(trainer: pl.Trainer) -> None:

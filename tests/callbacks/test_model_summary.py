@@ -1,6 +1,7 @@
 """OneLineModelSummary: the model in one log line, no table."""
 
 import logging
+import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -25,15 +26,21 @@ class TwoLayers(pl.LightningModule):
         return torch.optim.SGD(self.net.parameters(), lr=0.01)
 
 
+# Mixed precision keeps float32 weights: the same size, and no warning from Lightning that it
+# cannot tell it.
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_the_model_is_one_line(
-    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+    precision: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = DataLoader(TensorDataset(torch.randn(8, 100), torch.randn(8, 1)), batch_size=4)
     trainer = pl.Trainer(
         accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
         enable_checkpointing=False, callbacks=[OneLineModelSummary(max_depth=1)],
+        precision=precision,
     )  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="volt.callbacks.model_summary"):
+    logged = caplog.at_level(logging.INFO, logger="volt.callbacks.model_summary")
+    with logged, warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Precision")
         trainer.fit(TwoLayers(), data)
     lines = [r.getMessage() for r in caplog.records if r.name == "volt.callbacks.model_summary"]
     # 100*1000+1000 + 1000+1 = 102,001 trainable; 110 frozen

@@ -1,8 +1,10 @@
 """The model in one line as a fit starts: its parameters, how many train, their size."""
 
 import logging
+import warnings
 from typing import Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
@@ -15,6 +17,13 @@ class OneLineModelSummary(ModelSummary):
     Lightning 2.6.6 fills with 0 unless it measured them: about a third of a default run's
     console. Lightning's table: `callbacks.model_summary._target_=
     lightning.pytorch.callbacks.RichModelSummary`."""
+
+    def _summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
+        with warnings.catch_warnings():
+            # Lightning 2.6.6 warns that it cannot size a "-mixed" precision's weights and counts
+            # 32 bits each: mixed precision keeps float32 weights, so the size is right.
+            warnings.filterwarnings("ignore", message=r"Precision \S+-mixed is not supported")
+            return super()._summary(trainer, pl_module)
 
     @staticmethod
     def summarize(

@@ -74,6 +74,7 @@ class DataParallelStrategy(ParallelStrategy):
             precision_plugin=precision_plugin,
         )
         self._steps_warned_unsplit: set[str] = set()
+        self._single_device_said = False
 
     @property
     def _devices(self) -> list[torch.device]:
@@ -99,13 +100,16 @@ class DataParallelStrategy(ParallelStrategy):
         devices = self._devices
         if len(devices) < 2 or any(device.type != "cuda" for device in devices):
             names = ", ".join(str(device) for device in devices)
-            # A line of the run's log, not a UserWarning with its source line.
-            log.warning(
-                "DataParallelStrategy needs two or more CUDA devices but got [%s]; training on %s"
-                " alone, as a single-device run.",
-                names,
-                devices[0],
-            )
+            # A line of the run's log, not a UserWarning with its source line; once, though test
+            # and predict set the strategy up again.
+            if not self._single_device_said:
+                log.warning(
+                    "DataParallelStrategy needs two or more CUDA devices but got [%s]; training"
+                    " on %s alone, as a single-device run.",
+                    names,
+                    devices[0],
+                )
+            self._single_device_said = True
             self.parallel_devices = devices[:1]
         elif self._layer_sync is not None:
             raise ValueError(
