@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.in_process import FAST, compose_in
@@ -106,6 +106,8 @@ def test_the_precision_used_is_recorded(
         pytest.skip("on a GPU 16-mixed runs as asked")
     train(cfg)
     run_dir = Path(cfg.paths.output_dir)
-    assert "precision: bf16-mixed" in (run_dir / "config_resolved.yaml").read_text()
+    recorded = OmegaConf.load(run_dir / "config_resolved.yaml")
+    assert recorded.precision == recorded.trainer.precision == "bf16-mixed"
     stored = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert stored["volt_config"]["precision"] == "bf16-mixed"
+    assert stored["volt_config"]["trainer"]["precision"] == "bf16-mixed"

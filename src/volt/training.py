@@ -145,6 +145,9 @@ def _fit_and_test(
     checks = [c for c in run.trainer.callbacks if isinstance(c, WatchedMetricCheck)]  # type: ignore[attr-defined]
     if resume_from is not None:
         say_how_data_resumes(run.datamodule)
+        # Lightning 2.6.6 warns, as each checkpoint callback is set up, that its folder "exists
+        # and is not empty": a resumed run's folders are expected to hold its checkpoints.
+        warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
         for check in checks:
             check.follow_checkpoint(run.trainer, resume_from)
     # From the sanity check on, GracefulShutdown answers signals (and saves) until training ends.
@@ -268,7 +271,7 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
             resolved["model"]["optimizer"]["lr"] = lr
         # What ran, where Lightning chose otherwise (16-mixed on a CPU runs bf16-mixed), and what
         # the finders found: config_resolved.yaml, checkpoints and the hparams tab say so.
-        resolved["precision"] = str(run.trainer.precision)
+        resolved["precision"] = resolved["trainer"]["precision"] = str(run.trainer.precision)
         save_resolved_config(resolved, run_dir)
         # The hparams tab lists the run from here on; its final status comes from the
         # metrics.json written inside, or from how the block ends.

@@ -108,8 +108,9 @@ def test_killed_and_resumed_equals_uninterrupted(
         kill_after(start("interrupted", outputs), checkpoints, steps)
     log = train_here(run_volt_here, "interrupted")
     assert "resuming run interrupted from" in log
-    # Lightning's "dataloader is not resumable ... unreliable results" is not true of volt's data.
-    assert "not resumable" not in log
+    # Lightning's "dataloader is not resumable ... unreliable results" is not true of volt's data,
+    # nor its warning that the run's checkpoint folder holds checkpoints.
+    assert "not resumable" not in log and "Checkpoint directory" not in log
     said = (outputs / "train" / "runs" / "interrupted" / "train.log").read_text()
     # run.json keeps each killed attempt's record, oldest first, beside this one's outcome (one
     # killed at once may have written none).
