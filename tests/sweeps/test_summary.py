@@ -182,3 +182,19 @@ def test_summary_md_says_once_what_every_job_shares(sweep: Path) -> None:
     assert "trainer.max_epochs" not in markdown[0]  # not a column of the table
     assert markdown[-1].startswith("Every job: ") and "trainer.max_epochs=3" in markdown[-1]
     assert "trainer.max_epochs" in (sweep / CSV_FILE).read_text().splitlines()[0]
+
+
+def test_a_sampled_value_reads_as_its_job_folder_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """summary.md and the console show a search's sampled float to 4 significant digits;
+    summary.csv keeps it whole, and a value someone typed stays as typed. Without a watched
+    metric the title ranks by none (it said 'best max None first')."""
+    make_job(tmp_path, 0, "0.0006573214670265974", done("completed", 0.5))
+    make_job(tmp_path, 1, "0.12345", done("completed", 0.9))
+    print_sweep_summary(tmp_path)
+    printed, markdown = capsys.readouterr().out, (tmp_path / MARKDOWN_FILE).read_text()
+    assert "│ 0.0006573 " in printed and "0.00065732" not in printed and "│ 0.12345 " in printed
+    assert "| 0.0006573 |" in markdown and "| 0.12345 |" in markdown
+    assert "0.0006573214670265974" in (tmp_path / CSV_FILE).read_text()
+    assert "Sweep summary (2 jobs) " in printed  # no watched metric: ranked by none

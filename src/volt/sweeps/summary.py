@@ -10,6 +10,7 @@ import csv
 import io
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -131,7 +132,7 @@ def write_sweep_summary(sweep_dir: Path) -> list[dict[str, str]]:
     shared = [c for c in columns if _is_override(c) and len(rows) > 1 and _same(rows, c)]
     shown = [c for c in columns if c not in shared]
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    lines += ["| " + " | ".join(_cell(row.get(c, "")) for c in shown) + " |" for row in rows]
+    lines += ["| " + " | ".join(_cell(_shown(row, c)) for c in shown) + " |" for row in rows]
     if shared:
         lines += ["", "Every job: " + ", ".join(_cell(f"{c}={rows[0].get(c, '')}") for c in shared)]
     # Staged beside and renamed over: a reader (this CLI while the sweep writes) sees the old
@@ -144,6 +145,15 @@ def write_sweep_summary(sweep_dir: Path) -> list[dict[str, str]]:
 def _is_override(column: str) -> bool:
     metric = column.startswith(("val/", "test/", "train/", "perf/"))
     return not metric and column not in ("job", "status", "dir", "error")
+
+
+def _shown(row: dict[str, str], column: str) -> str:
+    """A cell for reading: a float a search sampled (8 decimals or more, as no one types them) as
+    its job's folder names it, 0.0006573 for 0.0006573214670265974; summary.csv keeps it whole."""
+    value = row.get(column, "")
+    if not _is_override(column) or not re.fullmatch(r"-?\d*\.\d{8,}(e-?\d+)?", value):
+        return value
+    return f"{float(value):.4g}"
 
 
 def _same(rows: list[dict[str, str]], column: str) -> bool:
@@ -185,14 +195,15 @@ def print_sweep_summary(sweep_dir: Path) -> None:
         and (c in ("job", "status") or c.startswith(("val/", "test/")) or c in varying)
         and not c.startswith("val/loss")
     ]
-    title = f"Sweep summary ({len(rows)} jobs, best {mode} {column} first) -> {sweep_dir}"
+    ranked = f", best {mode} {column} first" if column else ""
+    title = f"Sweep summary ({len(rows)} jobs{ranked}) -> {sweep_dir}"
     table = Table(title=title)
     # Names and values come from the jobs' files, which a handed-over sweep folder brings: shown
     # as text (never rich markup), control characters escaped by the Terminal.
     for name in shown:
         table.add_column(Text(name), style="bold" if name == column else None)
     for row in rows:
-        table.add_row(*(Text(row.get(c, "")) for c in shown))
+        table.add_row(*(Text(_shown(row, c)) for c in shown))
     escape_what_the_console_cannot_print()  # in a sweep's own process, which trains nothing
     console = Terminal()
     if not console.is_terminal:  # a log file or a pipe: as wide as the table, no cell cut short
