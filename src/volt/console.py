@@ -95,8 +95,12 @@ def route_lightning_logs() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
-    # A logger's filters see only the records logged through it: the two that say these lines.
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.seed"):
+    # A logger's filters see only the records logged through it: the three that say these lines.
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.seed",
+        "lightning.fabric.utilities.distributed",
+    ):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _LightningChatter) for f in logger.filters):
             logger.addFilter(_LightningChatter())
@@ -106,8 +110,9 @@ def route_lightning_logs() -> None:
 class _LightningChatter(logging.Filter):
     """Lightning 2.6.6's lines that concern no volt user. Its tip to install litlogger (and
     litmodels), logged on every run that does not use its cloud products: dropped. Which
-    accelerators it found (volt's own line names the one used), the seed (in the config), and
-    each checkpoint it restores (volt says what it resumes and tests): debug lines, which the log
+    accelerators it found (volt's own line names the one used), the seed (in the config), each
+    checkpoint it restores (volt says what it resumes and tests), and each rank joining and the
+    backend (8 lines under DDP; volt's line names the processes): debug lines, which the log
     file keeps and the console, at INFO (conf/hydra/job_logging), leaves out. Matched by how the
     lines begin, as Lightning 2.6.6 words them: a line it rewords shows on the console again, and
     tests/test_console.py's default run, which allows no Lightning line at INFO but the fit's
@@ -120,10 +125,13 @@ class _LightningChatter(logging.Filter):
         "Restoring states from the checkpoint path at",
         "Restored all states from the checkpoint at",
         "Loaded model weights from the checkpoint at",
+        "Initializing distributed:",
+        "distributed_backend=",  # under a line of dashes
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = re.sub(r"^\[rank: \d+\] ", "", str(record.msg))  # the seed, on ranks past 0
+        # "[rank: 1] " starts the seed's line on ranks past 0
+        text = re.sub(r"^\[rank: \d+\] ", "", str(record.msg)).lstrip("-\n")
         if text.startswith("💡 Tip:"):
             return False
         if record.levelno == logging.INFO and text.startswith(self.FOR_THE_LOG_FILE):
