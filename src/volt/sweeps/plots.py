@@ -68,13 +68,23 @@ def plot_search(sweep_dir: Path) -> Path | None:
 def label_log_axis(axis: Any) -> None:
     """A log x axis labelled at each decade (at 1, 2 and 5 of it over a short range), as `2e-04`,
     slanted; matplotlib's default labels minor ticks too where the range spans less than about
-    two decades (a learning rate's usual range), and those ran into each other."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    two decades (a learning rate's usual range), and those ran into each other. Over less than
+    half a decade (a few trials close together) three evenly spaced values, as `1.1e-03`: whole
+    decades left one label there, or labels of one digit showed `6e-04` thrice."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     axis.set_xscale("log")
     low, high = axis.get_xlim()
-    subs = (1.0, 2.0, 5.0) if math.log10(high / low) < 1.5 else (1.0,)  # as room allows
-    axis.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
-    axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0e}"))
+    decades = math.log10(high / low)
+    subs = (1.0, 2.0, 5.0) if decades < 1.5 else (1.0,)  # as room allows
+    locator = MaxNLocator(nbins=3) if decades < 0.5 else LogLocator(base=10, subs=subs)
+    axis.xaxis.set_major_locator(locator)
+    axis.xaxis.set_major_formatter(FuncFormatter(lambda value, _: _exponent_label(value)))
     axis.xaxis.set_minor_formatter(NullFormatter())
     axis.tick_params(axis="x", labelrotation=45)
+
+
+def _exponent_label(value: float) -> str:
+    """`value` as `4e-04` or `1.2e-03`: with the fewest decimals (up to 3) that show it whole."""
+    labels = (f"{value:.{decimals}e}" for decimals in range(3))
+    return next((s for s in labels if math.isclose(float(s), value, rel_tol=1e-6)), f"{value:.3e}")
