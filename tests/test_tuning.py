@@ -1,6 +1,7 @@
 """tune=batch_size and tune=lr: Lightning's finders run before fit, and what they found is what
 the run, its record and its checkpoints use."""
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,9 @@ Compose = Callable[..., DictConfig]
 
 
 @pytest.mark.parametrize("tune", ["batch_size", "lr"])
-def test_finders_run_before_fit(tune: str, compose_config: Compose, fast: list[str]) -> None:
+def test_finders_run_before_fit(
+    tune: str, compose_config: Compose, fast: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
     # The LR finder needs its 100 steps within max_epochs: 19 batches an epoch here.
     epochs = "trainer.max_epochs=6" if tune == "lr" else "trainer.max_epochs=1"
     cfg = compose_config(
@@ -30,6 +33,9 @@ def test_finders_run_before_fit(tune: str, compose_config: Compose, fast: list[s
         assert (run_dir / "lr_find.png").stat().st_size > 0
         assert recorded["model"]["optimizer"]["lr"] != 0.003  # the finder's value, not the config's
         assert stored["model"]["optimizer"]["lr"] == recorded["model"]["optimizer"]["lr"]
+        # Lightning's note as the finder restores its own checkpoint: for train.log only.
+        (note,) = [r for r in caplog.records if "`weights_only` was not set" in r.getMessage()]
+        assert note.levelno == logging.DEBUG
     else:
         # doubled from 64 up to, not past, the 1,258 training samples
         assert 64 < recorded["data"]["batch_size"] <= 1258

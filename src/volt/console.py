@@ -95,11 +95,12 @@ def route_lightning_logs() -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
-    # A logger's filters see only the records logged through it: the three that say these lines.
+    # A logger's filters see only the records logged through it: the ones that say these lines.
     for name in (
         "lightning.pytorch.utilities.rank_zero",
         "lightning.fabric.utilities.seed",
         "lightning.fabric.utilities.distributed",
+        "lightning.pytorch.trainer.connectors.checkpoint_connector",
     ):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _LightningChatter) for f in logger.filters):
@@ -111,8 +112,9 @@ class _LightningChatter(logging.Filter):
     """Lightning 2.6.6's lines that concern no volt user. Its tip to install litlogger (and
     litmodels), logged on every run that does not use its cloud products: dropped. Which
     accelerators it found (volt's own line names the one used), the seed (in the config), each
-    checkpoint it restores (volt says what it resumes and tests), and each rank joining and the
-    backend (8 lines under DDP; volt's line names the processes): debug lines, which the log
+    checkpoint it restores (volt says what it resumes and tests; the learning-rate finder's own
+    with a note on `weights_only`), and each rank joining and the backend (8 lines under DDP;
+    volt's line names the processes): debug lines, which the log
     file keeps and the console, at INFO (conf/hydra/job_logging), leaves out. Matched by how the
     lines begin, as Lightning 2.6.6 words them: a line it rewords shows on the console again, and
     tests/test_console.py's default run, which allows no Lightning line at INFO but the fit's
@@ -125,6 +127,7 @@ class _LightningChatter(logging.Filter):
         "Restoring states from the checkpoint path at",
         "Restored all states from the checkpoint at",
         "Loaded model weights from the checkpoint at",
+        "`weights_only` was not set",
         "Initializing distributed:",
         "distributed_backend=",  # under a line of dashes
     )
