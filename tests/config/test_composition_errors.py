@@ -2,6 +2,7 @@
 the real `python train.py ...` for each kind of composition error, and the check itself for the
 finer cases and for command lines it must let through."""
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -80,10 +81,11 @@ CASES = {
 }
 
 
-def run(case: Case, outputs: Path) -> subprocess.CompletedProcess[str]:
+def run(case: Case, outputs: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *case.command, f"paths.outputs_dir={outputs}"],
         cwd=PROJECT_ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=240,
@@ -97,9 +99,14 @@ def results(
     """Every command started at once: each costs an interpreter's start-up (torch, Lightning),
     not the check, so two at a time they take half the time."""
     root = tmp_path_factory.mktemp("composition")
+    # Each child gets its own copy of the environment. Without `env`, CPython (3.11.7 seen) execs the
+    # vfork child with the process's shared `environ`, which pytest's main thread rewrites
+    # (PYTEST_CURRENT_TEST) at every test phase: the exec then read a freed block and failed with
+    # "OSError: [Errno 14] Bad address" (CI, stop 47).
+    env = dict(os.environ)
     with ThreadPoolExecutor(max_workers=2) as pool:
         yield {
-            name: (pool.submit(run, case, root / f"outputs{i}"), root / f"outputs{i}")
+            name: (pool.submit(run, case, root / f"outputs{i}", env), root / f"outputs{i}")
             for i, (name, case) in enumerate(CASES.items())
         }
 
