@@ -219,8 +219,10 @@ def run_volt_here(
     in this process (tests/in_process.py): for a test that needs a run's result, not a process
     of its own; it saves a fresh interpreter's torch and Lightning import."""
 
-    def _run(args: list[str], module: str | None = None) -> subprocess.CompletedProcess[str]:
+    def _run(
+        args: list[str], module: str | None = None, cwd: Path = PROJECT_ROOT
+    ) -> subprocess.CompletedProcess[str]:
         outputs = f"paths.outputs_dir={tmp_path / 'outputs'}"
-        return run_here([*args, outputs], module, capsys, monkeypatch)
+        return run_here([*args, outputs], module, capsys, monkeypatch, cwd)
 
     return _run

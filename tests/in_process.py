@@ -118,17 +118,19 @@ def run_here(
     module: str | None,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
+    cwd: Path = PROJECT_ROOT,
 ) -> subprocess.CompletedProcess[str]:
     """`python train.py ARGS` (module="volt.eval": `python -m volt.eval ARGS`), run in this
-    process from the project's folder: its exit status, stdout, and stderr with the warnings
-    the run raised at its end, as a process prints them. What it changed here is put back."""
+    process from `cwd` (the project's folder): its exit status, stdout, and stderr with the
+    warnings the run raised at its end, as a process prints them. What it changed here is put
+    back."""
     from volt import eval as volt_eval
     from volt import train as volt_train
 
     entry = {None: volt_train.main, "volt.eval": volt_eval.main}[module]
     argv = [module or "train.py", *args]
     state = ProcessState()
-    monkeypatch.chdir(PROJECT_ROOT)
+    monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", argv)
     GlobalHydra.instance().clear()
     capsys.readouterr()  # what the test printed before is not the run's

@@ -296,6 +296,7 @@ def test_a_real_out_of_memory_on_two_gpus_ends_every_rank_with_volts_line(
     assert not processes_mentioning(str(tmp_path))
 
 
+@pytest.mark.slow  # three interpreters (torchrun and its two ranks): 12-40 s on 2 cores
 def test_torchrun_ranks_share_one_run_directory(run_volt: Run, tmp_path: Path) -> None:
     # --local-addr: otherwise torchrun's ranks meet at the machine's host name, and where that
     # name does not resolve they never do ("network addresses of (<host>, <port>) cannot be
