@@ -1,21 +1,22 @@
-"""The SLURM path through Hydra's submitit launcher, run with submitit's local executor: each job
-is a separate process started by submitit; under trainer=ddp it starts its own ranks."""
+"""The SLURM path through Hydra's submitit launcher, run with submitit's local executor: the sweep
+runs in the test's process, each job in a separate process started by submitit; under
+trainer=ddp it starts its own ranks."""
 
 import csv
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
+from tests.in_process import RunHere
+
 PROBE = "+callbacks.lr_probe={_target_:tests.strategies.rank_probes.RecordLearningRate}"
 
 
 # The local executor starts a sweep's jobs at the same time; two DDP jobs on one machine then race
 # for a free rendezvous port (seen once: EADDRINUSE), so the DDP case sweeps a single job. That
-# case is `make test-slow`'s (three fresh interpreters): the default suite has the launcher in
-# `two-jobs` and DDP ranks in a sweep's jobs in tests/strategies/test_ddp.py's multirun test.
+# case is `make test-slow`'s (two fresh interpreters: the job and its second rank): the default
+# suite has the launcher in `two-jobs` and DDP ranks in a sweep's jobs in
+# tests/strategies/test_ddp.py's multirun test.
 @pytest.mark.parametrize(
     ("trainer", "lrs"),
     [
@@ -25,11 +26,12 @@ PROBE = "+callbacks.lr_probe={_target_:tests.strategies.rank_probes.RecordLearni
     ids=["ddp", "two-jobs"],
 )
 def test_sweep_through_submitit_local(
-    trainer: list[str], lrs: tuple[float, ...], run_volt: Run, tmp_path: Path
+    trainer: list[str], lrs: tuple[float, ...], run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra")
     ranks = (0, 1) if "trainer=ddp" in trainer else (0,)
-    result = run_volt(
+    # The sweep's own process is this one (train.py's entry); submitit starts each job's.
+    result = run_volt_here(
         [
             "-m",
             "hydra/launcher=submitit_local",
@@ -41,7 +43,6 @@ def test_sweep_through_submitit_local(
             PROBE,
             "trusted_targets=[tests]",
         ],
-        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = (tmp_path / "outputs" / "train" / "multiruns").iterdir()
