@@ -1,4 +1,5 @@
-"""The commands a user types, run as subprocesses: the default run, a multirun, bad input."""
+"""The commands a user types: the default run and bad input as subprocesses, a multirun through
+train.py's entry in the test's process."""
 
 import csv
 import json
@@ -33,8 +34,11 @@ def test_default_run_reaches_97_percent(run_volt: Run, tmp_path: Path) -> None:
     assert (run_dir / ".hydra" / "overrides.yaml").is_file()
 
 
-def test_multirun_has_one_directory_per_job_and_a_summary(run_volt: Run, tmp_path: Path) -> None:
-    result = run_volt(
+def test_multirun_has_one_directory_per_job_and_a_summary(
+    run_volt_here: RunHere, tmp_path: Path
+) -> None:
+    # In this process: Hydra's basic launcher runs the jobs in the sweep's process anyway.
+    result = run_volt_here(
         [
             "-m",
             "model.optimizer.lr=1e-3,1e-2",
