@@ -3,6 +3,8 @@ train.py's entry in the test's process."""
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -157,6 +159,27 @@ def test_what_needs_only_the_config_imports_no_torch(
     assert "hydra" in imported and "volt.config.composition" in imported
     assert not {"torch", "lightning"} & imported, result.stderr[-2000:]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", [["train.py"], ["-m", "volt.eval"]])
+def test_help_into_a_closed_pipe_ends_quietly(command: list[str]) -> None:
+    """`python train.py --help | head -3`: the reader may be gone before the help is written.
+    Here it is gone from the start, so every write meets the closed pipe (EPIPE)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, *command, "--help"],
+            cwd=Path(__file__).parent.parent,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""  # was BrokenPipeError's traceback
+    assert result.returncode == 128 + signal.SIGPIPE  # as a shell reports `git log | head`
 
 
 def test_eval_and_predict_say_nothing_that_does_not_concern_the_user(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.in_process import FAST, RunHere
 from volt.config import PROJECT_ROOT
 
 # The C locale with Python's coercion to C.UTF-8 and its UTF-8 mode off: stdout and open()
@@ -46,6 +47,14 @@ def test_result_names_and_values_from_a_metrics_file_are_text_not_markup(
     assert "[red]test/acc[/red]" in out and "0.5000" in out
     # a line break in a name is shown escaped, on its line (volt.console.Terminal)
     assert "│ val/loss\\nforged " in out and "'x'" in out
+
+
+def test_a_run_that_logged_no_metric_prints_no_empty_table(run_volt_here: RunHere) -> None:
+    """No training batches and no test: nothing was validated or tested."""
+    result = run_volt_here([*FAST, "trainer.limit_train_batches=0", "test=false"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "┃ metric" not in result.stdout, result.stdout  # the result table's header
+    assert "Result: no metric was logged" in result.stdout
 
 
 @pytest.mark.parametrize("verbose", [False, True])

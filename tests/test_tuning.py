@@ -26,6 +26,15 @@ def test_finders_run_before_fit(
     )
     metrics = train(cfg)
     assert metrics["val/acc"] > 0.5
+    # The finder's short fits each end in Lightning's "`Trainer.fit` stopped: `max_steps=...`
+    # reached." (one per batch size tried): train.log's, at DEBUG. The console (INFO) has the
+    # fit's own end, and volt's line with what the finder found.
+    by_lightning = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith("lightning") and r.levelno >= logging.INFO
+    ]
+    assert by_lightning == [f"`Trainer.fit` stopped: `{epochs.removeprefix('trainer.')}` reached."]
     run_dir = Path(cfg.paths.output_dir)
     recorded = yaml.safe_load((run_dir / "config_resolved.yaml").read_text())
     stored = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["volt_config"]

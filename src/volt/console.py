@@ -2,6 +2,7 @@
 naming the hardware set-up, the result; and `Terminal`, the rich Console every table and print
 of volt goes through."""
 
+import contextlib
 import copy
 import io
 import logging
@@ -10,7 +11,7 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -137,9 +138,40 @@ class _LightningChatter(logging.Filter):
         text = re.sub(r"^\[rank: \d+\] ", "", str(record.msg)).lstrip("-\n")
         if text.startswith("💡 Tip:"):
             return False
-        if record.levelno == logging.INFO and text.startswith(self.FOR_THE_LOG_FILE):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        if text.startswith(self.FOR_THE_LOG_FILE):
+            _for_the_log_file(record)
         return True
+
+
+@contextlib.contextmanager
+def lightning_info_for_the_log_file() -> Iterator[None]:
+    """What Lightning says at INFO while the block runs goes to the log file only. For its
+    finders (volt.tuning): each short fit of theirs ends in a line ("`Trainer.fit` stopped:
+    `max_steps=100` reached.", one per batch size tried), besides their trials' own; what they
+    found, volt says in a line of its own."""
+    loggers = [
+        logging.getLogger(name)
+        for name in (
+            "lightning.pytorch.utilities.rank_zero",
+            "lightning.pytorch.tuner.batch_size_scaling",
+            "lightning.pytorch.tuner.lr_finder",
+        )
+    ]
+    for logger in loggers:
+        logger.addFilter(_for_the_log_file)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(_for_the_log_file)
+
+
+def _for_the_log_file(record: logging.LogRecord) -> bool:
+    """A logger's filter that keeps every record, an INFO one at DEBUG: the log file keeps it, the
+    console, at INFO (conf/hydra/job_logging), leaves it out."""
+    if record.levelno == logging.INFO:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return True
 
 
 def escape_what_the_console_cannot_print() -> None:
@@ -206,7 +238,17 @@ def describe_setup(trainer: "pl.Trainer", compile_mode: str | None) -> str:
 def print_result(metrics: Mapping[str, float], run_dir: Path) -> None:
     """The final metrics. They may come from a finished run's metrics.json, which a handed-over
     run directory brings: names and values are shown as text, never read as rich markup (and
-    their control characters escaped by the Terminal)."""
+    their control characters escaped by the Terminal). None, where nothing was validated or
+    tested (no training batches, test=false; mode=predict): one line says so, not an empty table."""
+    console = Terminal()
+    if metrics:
+        console.print(_result_table(metrics))
+    else:
+        console.print("Result: no metric was logged")
+    console.print(f"Run directory: [bold]{run_dir}[/bold]")
+
+
+def _result_table(metrics: Mapping[str, float]) -> Table:
     table = Table(title="Result")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -214,9 +256,7 @@ def print_result(metrics: Mapping[str, float], run_dir: Path) -> None:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         shown = f"{value:.4f}" if number else repr(value)
         table.add_row(Text(str(name)), Text(shown))
-    console = Terminal()
-    console.print(table)
-    console.print(f"Run directory: [bold]{run_dir}[/bold]")
+    return table
 
 
 def exit_on_config_error(error: Exception) -> NoReturn:

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.tuner import Tuner, lr_finder
 from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_hasattr
 
+from volt.console import lightning_info_for_the_log_file
 from volt.errors import ConfigError
 
 log = logging.getLogger("volt")
@@ -49,13 +50,14 @@ def find_batch_size(
         )
     start = getattr(datamodule, "batch_size", None) or lightning_getattr(model, "batch_size")
     assert isinstance(start, int), f"batch_size={start!r} is not an integer"
-    found = Tuner(trainer).scale_batch_size(
-        model,
-        datamodule=datamodule,
-        mode="power",
-        init_val=start,
-        max_trials=_doublings_until_data_runs_out(datamodule, start),
-    )
+    with lightning_info_for_the_log_file():
+        found = Tuner(trainer).scale_batch_size(
+            model,
+            datamodule=datamodule,
+            mode="power",
+            init_val=start,
+            max_trials=_doublings_until_data_runs_out(datamodule, start),
+        )
     log.info("batch-size finder: data.batch_size=%s fits", found)
     return int(found or start)
 
@@ -68,7 +70,7 @@ def find_learning_rate(
 ) -> float:
     """Sweep the learning rate over a short run, take Lightning's suggestion, plot lr_find.png."""
     steps = 100
-    with _finder_bar_where_bars_show(trainer):
+    with _finder_bar_where_bars_show(trainer), lightning_info_for_the_log_file():
         finder = Tuner(trainer).lr_find(
             model, datamodule=datamodule, update_attr=False, num_training=steps
         )

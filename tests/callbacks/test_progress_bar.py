@@ -1,6 +1,7 @@
 """volt's progress bar reads the logged metrics (a GPU sync each time) only after the batches at
 which Lightning writes the logs, and at most every N seconds."""
 
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,8 @@ import torch
 from lightning.pytorch.callbacks import RichProgressBar as LightningRichProgressBar
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig
+from rich.console import Console
+from rich.progress import Progress
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
@@ -148,6 +151,30 @@ def test_the_first_batch_draws_on_a_machine_booted_a_second_ago(
     assert moves == [0]  # drawn at the first batch, then held for the interval
     assert reads == [0]
     assert "train/loss" in shown
+
+
+def test_the_rate_shows_no_zero_before_rich_can_measure_one(tmp_path: Path) -> None:
+    """Rich measures a rate between two moves of a counter: Lightning 2.6.6 showed 0.00it/s
+    before that, at each epoch's start and all through a one-batch epoch (or a fast one, moved
+    only at its first batch and its end)."""
+    now = [0.0]
+    trainer = pl.Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path)
+    columns = RichProgressBar().configure_columns(trainer)
+    progress = Progress(*columns, get_time=lambda: now[0])
+    task = progress.add_task("Epoch 0", total=4)
+
+    def rate() -> str:
+        console = Console(file=io.StringIO(), width=200)
+        console.print(progress.make_tasks_table(progress.tasks))
+        return console.file.getvalue().split()[-1]  # type: ignore[attr-defined]
+
+    assert rate() == "-.--it/s"  # no batch yet: unknown
+    now[0] = 0.5
+    progress.update(task, completed=1)
+    assert rate() == "2.00it/s"  # one batch in the half second since the epoch began
+    now[0] = 1.0
+    progress.update(task, completed=4)
+    assert rate() == "6.00it/s"  # rich's own, between its moves: 3 batches in 0.5 s
 
 
 class EveryStepLogging(Classifier):

@@ -1,4 +1,5 @@
-"""Lightning's rich progress bar, without a GPU sync on every training step."""
+"""Lightning's rich progress bar, without a GPU sync on every training step, and without a rate
+of 0.00it/s where rich has measured none yet."""
 
 import math
 import time
@@ -7,6 +8,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import RichProgressBar as LightningRichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import ProcessingSpeedColumn
+from rich.progress import ProgressColumn, Task
+from rich.text import Text
 from typing_extensions import override
 
 
@@ -82,6 +86,15 @@ class RichProgressBar(LightningRichProgressBar):
         self._move_to_batches_done()
         super().on_train_epoch_end(trainer, pl_module)
 
+    @override
+    def configure_columns(self, trainer: pl.Trainer) -> list[ProgressColumn]:
+        return [
+            BatchRateColumn(self.theme.processing_speed)
+            if isinstance(column, ProcessingSpeedColumn)
+            else column
+            for column in super().configure_columns(trainer)
+        ]
+
     def _move_to_batches_done(self) -> None:
         """Shows the batches that `on_train_batch_end` left off the counter."""
         self._update(self.train_progress_bar_id, self._batches_done)
@@ -99,3 +112,20 @@ class RichProgressBar(LightningRichProgressBar):
         shown.update({k: float(logged[k]) for k in self.step_metrics if k in logged})
         self._shown, self._read_at = shown, now
         return shown
+
+
+class BatchRateColumn(ProcessingSpeedColumn):
+    """Batches a second. Rich measures a rate between two moves of the counter in its last 30 s;
+    Lightning 2.6.6's column shows 0.00it/s until then: at each epoch's and each validation's
+    start, all through a one-batch epoch, in an epoch's first MOVE_EVERY_S (the bar's counter
+    moves at most that often), and where steps take over 30 s. There this column shows the
+    batches done over the time since the epoch began, or `-.--` before the first one (as the
+    time column beside it shows `-:--:--`). Delete it once Lightning's column shows no rate
+    where rich has none."""
+
+    @override
+    def render(self, task: Task) -> Text:
+        rate = task.speed
+        if rate is None and task.completed and task.elapsed:
+            rate = task.completed / task.elapsed
+        return Text(f"{'-.--' if rate is None else f'{rate:.2f}'}it/s", style=self.style)

@@ -20,6 +20,7 @@ import functools
 import gc
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -77,13 +78,26 @@ def hydra_main(
                 # Sweep jobs' directories are named by these (volt.config.job_dirname); the
                 # environment reaches jobs that a launcher runs in processes of their own.
                 os.environ[SWEPT_KEYS] = ",".join(swept)
-            result = run_hydra(cfg_passthrough)
+            try:
+                result = run_hydra(cfg_passthrough)
+                sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+            except BrokenPipeError:
+                _end_at_closed_pipe()
             gc.freeze()  # what is left lives until exit (training unfroze its own objects)
             return result
 
         return main
 
     return decorate
+
+
+def _end_at_closed_pipe() -> NoReturn:
+    """The reader of stdout went away (`python train.py --help | head -3`): end quietly, with the
+    status a shell reports for a program that SIGPIPE ended (`git log | head`), not with the
+    BrokenPipeError's traceback. Python ignores SIGPIPE, so the write raised instead. stdout now
+    writes to /dev/null: the interpreter's last flush of its buffer would fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(128 + signal.SIGPIPE)
 
 
 def check_command_line(config_name: str, argv: list[str]) -> list[str]:
