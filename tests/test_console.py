@@ -39,6 +39,8 @@ def test_result_names_and_values_from_a_metrics_file_are_text_not_markup(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A handed-over run's metrics.json may name anything: shown as written, nothing fails."""
+    import lightning.pytorch  # noqa: F401  # sets the rank print_result asks (alone, it was unset)
+
     from volt.console import print_result
 
     crafted = {"[red]test/acc[/red]": 0.5, "val/loss\nforged": 1.0, "text": "x"}

@@ -99,8 +99,8 @@ def results(
     """Every command started at once: each costs an interpreter's start-up (torch, Lightning),
     not the check, so two at a time they take half the time."""
     root = tmp_path_factory.mktemp("composition")
-    # Each child gets its own copy of the environment. Without `env`, CPython (3.11.7 seen) execs the
-    # vfork child with the process's shared `environ`, which pytest's main thread rewrites
+    # Each child gets its own copy of the environment. Without `env`, CPython (3.11.7 seen) execs
+    # the vfork child with the process's shared `environ`, which pytest's main thread rewrites
     # (PYTEST_CURRENT_TEST) at every test phase: the exec then read a freed block and failed with
     # "OSError: [Errno 14] Bad address" (CI, stop 47).
     env = dict(os.environ)
