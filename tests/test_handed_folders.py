@@ -27,7 +27,8 @@ import volt.errors
 import volt.folder_files
 import volt.runs.lock
 import volt.runs.records
-from tests.named_runs import train_steps
+from tests.in_process import RunHere
+from tests.named_runs import steps_overrides
 from volt.callbacks.prediction_writer import CSVPredictionWriter
 from volt.checkpointing import find_latest_valid_checkpoint
 from volt.config import PROJECT_ROOT
@@ -706,10 +707,13 @@ def forges_a_line(line: str) -> bool:
     return line.lstrip().startswith("2026-11-28 01:00:00")
 
 
-def resume_with_a_forged_key(outputs: Path, *patch: str) -> subprocess.CompletedProcess[str]:
-    """A named run of one step, FORGED_KEY put into each of its checkpoints, continued to two
-    steps; `patch`: Python lines run before train.py."""
-    trained = train_steps(outputs, "handed", 1)
+def resume_with_a_forged_key(
+    outputs: Path, train_here: RunHere, *patch: str
+) -> subprocess.CompletedProcess[str]:
+    """A named run of one step (trained in this process: only the resume is under test),
+    FORGED_KEY put into each of its checkpoints, continued to two steps in a fresh interpreter;
+    `patch`: Python lines run there before train.py."""
+    trained = train_here(steps_overrides("handed", 1))
     assert trained.returncode == 0, trained.stderr[-3000:]
     for path in (outputs / "train" / "runs" / "handed" / "checkpoints").glob("*.ckpt"):
         checkpoint = torch.load(path, weights_only=True)
@@ -725,9 +729,11 @@ def resume_with_a_forged_key(outputs: Path, *patch: str) -> subprocess.Completed
     )
 
 
-def test_a_state_dict_key_with_a_newline_forges_no_line_on_resume(tmp_path: Path) -> None:
+def test_a_state_dict_key_with_a_newline_forges_no_line_on_resume(
+    tmp_path: Path, run_volt_here: RunHere
+) -> None:
     """Such a checkpoint is passed over as damaged, in one escaped line; the run starts again."""
-    done = resume_with_a_forged_key(tmp_path / "outputs")
+    done = resume_with_a_forged_key(tmp_path / "outputs", run_volt_here)
     assert done.returncode == 0, done.stderr[-3000:]
     said = (done.stdout + done.stderr).splitlines()
     assert not any(forges_a_line(line) for line in said), said
@@ -738,7 +744,9 @@ def test_a_state_dict_key_with_a_newline_forges_no_line_on_resume(tmp_path: Path
 
 
 @pytest.mark.slow  # two runs that start: about 20 s on 2 cores
-def test_a_state_dict_key_with_a_newline_forges_a_line_without_the_check(tmp_path: Path) -> None:
+def test_a_state_dict_key_with_a_newline_forges_a_line_without_the_check(
+    tmp_path: Path, run_volt_here: RunHere
+) -> None:
     # Both checks off: the names' control characters, and the resume's check of names against
     # the model (which also refuses the extra key, escaped).
     patch = (
@@ -747,6 +755,6 @@ def test_a_state_dict_key_with_a_newline_forges_a_line_without_the_check(tmp_pat
         "import volt.training as t",
         "t.check_resumed_weights = lambda *x: None",
     )
-    done = resume_with_a_forged_key(tmp_path / "outputs", *patch)
+    done = resume_with_a_forged_key(tmp_path / "outputs", run_volt_here, *patch)
     assert done.returncode == 1, done.stderr[-3000:]
     assert any(forges_a_line(line) for line in done.stderr.splitlines()), done.stderr[-3000:]
