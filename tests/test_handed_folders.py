@@ -423,24 +423,17 @@ def test_a_non_number_metric_is_shown_as_text(
 SWEEP_JOB = "0_logger=none,seed=1,test=False,trainer.limit_val_batches=1"
 
 
+# `python train.py -m name=sw seed=1 ...`: a named sweep of one short job
+SWEEP_ARGS = [
+    *("-m", "name=sw", "seed=1", "trainer.max_steps=1", "trainer.limit_val_batches=1"),
+    *("callbacks.progress_bar=null", "callbacks.model_summary=null", "logger=none", "test=false"),
+]
+
+
 def sweep_command(outputs: Path, *patch: str) -> list[str]:
-    """`python train.py -m name=sw seed=1 ...`, after `patch` (Python lines) ran in the process."""
+    """SWEEP_ARGS' command, after `patch` (Python lines) ran in the process."""
     start = "; ".join([*patch, "import runpy", "runpy.run_path('train.py', run_name='__main__')"])
-    return [
-        sys.executable,
-        "-c",
-        start,
-        "-m",
-        "name=sw",
-        "seed=1",
-        "trainer.max_steps=1",
-        "trainer.limit_val_batches=1",
-        "callbacks.progress_bar=null",
-        "callbacks.model_summary=null",
-        "logger=none",
-        "test=false",
-        f"paths.outputs_dir={outputs}",
-    ]
+    return [sys.executable, "-c", start, *SWEEP_ARGS, f"paths.outputs_dir={outputs}"]
 
 
 def continue_sweep(outputs: Path, *patch: str) -> subprocess.CompletedProcess[str]:
@@ -455,12 +448,12 @@ def continue_sweep(outputs: Path, *patch: str) -> subprocess.CompletedProcess[st
 
 
 def test_continuing_a_named_sweep_with_a_linked_job_file_is_refused(
-    tmp_path: Path, victim: Path
+    tmp_path: Path, victim: Path, run_volt_here: RunHere
 ) -> None:
     outputs = tmp_path / "outputs"
     sweep = make_sweep(outputs / "train" / "multiruns", name="sw", job=SWEEP_JOB)
     (sweep / SWEEP_JOB / ".hydra" / "config.yaml").symlink_to(victim)
-    done = continue_sweep(outputs)
+    done = run_volt_here(SWEEP_ARGS)  # train.py's entry, in this process
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1].startswith("volt: config error: name=sw: ")
     assert victim.read_text() == "a user's file\n"
@@ -670,12 +663,13 @@ def with_a_malformed_record(outputs: Path, named: str) -> Path:
 
 @pytest.mark.parametrize("named", ["run", "sweep"])
 def test_a_malformed_record_is_refused_before_hydra_writes_into_the_folder(
-    named: str, tmp_path: Path
+    named: str, tmp_path: Path, run_volt_here: RunHere
 ) -> None:
     outputs = tmp_path / "outputs"
     folder = with_a_malformed_record(outputs, named)
     before = snapshot(folder)
-    done = train_named(outputs, timeout=120) if named == "run" else continue_sweep(outputs)
+    # train.py's entry in this process, with what `train_named` and `continue_sweep` run
+    done = run_volt_here(SWEEP_ARGS if named == "sweep" else ["name=run", "logger=none"])
     assert done.returncode == 2, done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("volt: config error: ") and "metrics.json" in line, line
