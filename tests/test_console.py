@@ -61,14 +61,20 @@ def test_a_run_that_logged_no_metric_prints_no_empty_table(run_volt_here: RunHer
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_a_default_run_fits_a_screen_and_verbose_adds_the_config_tree(
-    run_volt: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path, verbose: bool
+    run_volt: Callable[..., subprocess.CompletedProcess[str]],
+    run_volt_here: RunHere,
+    tmp_path: Path,
+    verbose: bool,
 ) -> None:
     """The config tree goes to config_tree.txt always, to the console with verbose=true only;
     Lightning's chatter that concerns no volt user (its cloud tip, a second model summary
     refused, a test table print_result repeats, a memory monitor idle on a CPU) is not said.
     Each epoch's throughput, the accelerators Lightning looked for, the seed and the checkpoint
-    test restores are for train.log only: the console of a run fits one screen (40 lines)."""
-    result = run_volt(["trainer.max_epochs=3", "name=quiet", f"verbose={str(verbose).lower()}"])
+    test restores are for train.log only: the console of a run fits one screen (40 lines). The
+    quiet run in a fresh interpreter, as a user sees it; the verbose one through train.py's entry
+    in this process."""
+    run = run_volt_here if verbose else run_volt
+    result = run(["trainer.max_epochs=3", "name=quiet", f"verbose={str(verbose).lower()}"])
     assert result.returncode == 0, result.stderr[-3000:]
     said = result.stdout + result.stderr
     run_dir = tmp_path / "outputs" / "train" / "runs" / "quiet"
@@ -91,14 +97,15 @@ def test_a_default_run_fits_a_screen_and_verbose_adds_the_config_tree(
 
 
 def test_with_verbose_a_refusal_of_the_built_objects_comes_before_any_tree(
-    run_volt: Callable[..., subprocess.CompletedProcess[str]],
+    run_volt_here: RunHere,
 ) -> None:
     """What only the objects can tell (a data module lacking what task.from_data names) is
-    refused in one line before the config tree would be printed."""
+    refused in one line before the config tree would be printed (train.py's entry, in this
+    process)."""
     conf = Path(__file__).parent / "user_task_conf"
     args = [f"hydra.searchpath=[file://{conf}]", "model=line", "data=line", "task=plain"]
     args += ["trusted_targets=[tests]", "+task.from_data={hidden:num_classes}", "~model.hidden"]
-    result = run_volt([*args, "verbose=true"])
+    result = run_volt_here([*args, "verbose=true"])
     assert result.returncode == 2, result.stderr[-3000:]
     assert "LineData has no attribute" in result.stderr
     assert "model_checkpoint" not in result.stdout + result.stderr
