@@ -135,6 +135,15 @@ def build_model(
     return instantiate_checked(model_with_data(model, datamodule, from_data), trusted)
 
 
+def build_model_outline(cfg: DictConfig) -> pl.LightningModule:
+    """The run's model as build_training makes it (the data module's values filled in; no
+    toggles, which change no name or shape), on the meta device: names and shapes, no memory."""
+    trusted = cfg.trusted_targets
+    datamodule = build_datamodule(cfg.data, trusted)
+    with torch.device("meta"):
+        return build_model(cfg.model, datamodule, cfg.task.from_data, trusted)
+
+
 def model_with_data(
     model: DictConfig, datamodule: pl.LightningDataModule, from_data: Mapping[str, str]
 ) -> DictConfig:

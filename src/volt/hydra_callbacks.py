@@ -1,18 +1,22 @@
 """Hydra hooks: refuse a bad config before any directory exists; one process per run directory;
 summarise a sweep at its end."""
 
+import copy
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from volt.build import build_model_outline
 from volt.config import in_multirun
 from volt.config.keys import check_added_keys, check_target_arguments
 from volt.config.redaction import refuse_literal_secrets, typed_overrides
@@ -24,7 +28,7 @@ from volt.folder_files import check_folder
 from volt.rebuild import read_evaluated_run
 from volt.runs.lock import RunLock, RunLockedError, lock_run_dir
 from volt.runs.records import read_record, record_failure
-from volt.runs.resume import check_same_run
+from volt.runs.resume import check_resumed_weights, check_same_run, find_resume
 from volt.sweeps.summary import collect_jobs, print_sweep_summary, write_sweep_summary
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,34 @@ def hold_run_dir(directory: Path) -> RunLock | None:
         return lock_run_dir(directory)
     except RunLockedError as error:
         exit_on_config_error(error)
+
+
+@contextmanager
+def as_the_job_sees_it(config: DictConfig, run_dir: Path) -> Iterator[DictConfig]:
+    """`config` with the runtime Hydra gives its job (`${hydra:runtime.output_dir}`, which
+    `paths.output_dir` reads), before Hydra's run_job sets it: a model or data section may name
+    the run's folder. Hydra's global config is put back after."""
+    job = copy.deepcopy(config)
+    with read_write(job.hydra.runtime), open_dict(job.hydra.runtime):
+        job.hydra.runtime.output_dir = os.path.abspath(run_dir)  # as run_job sets it
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    hydra_config.set_config(job)
+    try:
+        yield job
+    finally:
+        hydra_config.cfg = before
+
+
+def check_resume(config: DictConfig, run_dir: Path) -> None:
+    """The checkpoint a named run would continue from, against the model built on the meta
+    device: refused here, the resume leaves the run's folder as it was (the run checks its
+    built model again; a sweep's job is checked only there, once Hydra wrote into its folder)."""
+    resume = config.resume if owns_run_dir() else None  # rank 0 enforces it
+    plan = find_resume(run_dir, config.name, resume)
+    if plan.checkpoint is not None:
+        with as_the_job_sees_it(config, run_dir) as job:
+            check_resumed_weights(build_model_outline(job), plan.checkpoint)
 
 
 class VoltCallback(Callback):
@@ -147,5 +179,6 @@ class VoltCallback(Callback):
                 run_dir = Path(config.hydra.run.dir)
                 neutral = config.hydra.job.config.override_dirname.exclude_keys
                 check_same_run(run_dir, config.name, typed_overrides(config), list(neutral))
+                check_resume(config, run_dir)
         except ConfigError as error:
             exit_on_config_error(error)

@@ -21,11 +21,7 @@ from omegaconf import DictConfig
 from volt.build import TrainingObjects, build_training
 from volt.callbacks.finite_guard import NonFiniteLossError
 from volt.callbacks.watched_metric import WatchedMetricCheck
-from volt.checkpointing import (
-    measure_checkpoint_files,
-    read_weight_outline,
-    weights_disagreement,
-)
+from volt.checkpointing import measure_checkpoint_files
 from volt.config.redaction import redacted_container
 from volt.config.validation import check_config, check_machine, check_resolves
 from volt.console import (
@@ -43,6 +39,7 @@ from volt.errors import ConfigError, RankFailedError, TrainingOutOfMemoryError
 from volt.gpu import apply_matmul_precision, explain_oom
 from volt.metric_names import is_recorded, watched_value
 from volt.runs import (
+    check_resumed_weights,
     hparams_session,
     plan_resume,
     run_record,
@@ -183,24 +180,6 @@ def _fit_and_test(
     return metrics, best
 
 
-def check_resumed_weights(model: pl.LightningModule, checkpoint: Path) -> None:
-    """Weights the module would not load (its code changed since the checkpoint, or the file
-    did) are refused in one line before the fit, not in torch's traceback once it started. A
-    module that changes what it loads (its own on_load_checkpoint or load_state_dict) is left
-    to do so."""
-    hooks = ("on_load_checkpoint", "load_state_dict")
-    if any(is_overridden(hook, model, pl.LightningModule) for hook in hooks):
-        return
-    for entry, weights in read_weight_outline(checkpoint).items():
-        disagreement = weights_disagreement(model, weights, strict=model.strict_loading)
-        if disagreement:
-            raise ConfigError(
-                f"{checkpoint}: its {entry} does not fit {type(model).__name__}"
-                f" ({disagreement}): the model changed since it was saved; resume with the code"
-                " it was trained with, or start afresh under another name=..."
-            )
-
-
 def say_how_data_resumes(datamodule: pl.LightningDataModule) -> None:
     """Lightning 2.6.6 warns, on a resume mid-epoch, that a data loader without `state_dict`
     gives "unreliable results"; a data module that restores its position itself (volt's,
@@ -257,6 +236,8 @@ def train_run(cfg: DictConfig, run_dir: Path, stopper: RunStopper) -> dict[str, 
         stopper.at("building the model and the data")
         run = build_training(cfg, resolved)
         if plan.checkpoint is not None:
+            # Hydra's callback checked a run's model on the meta device before Hydra wrote into
+            # its folder; a sweep's job is checked only here, once its folder was written to.
             check_resumed_weights(run.model, plan.checkpoint)
         if cfg.verbose:  # once the objects are built: what they refuse comes first, in one line
             print_config_tree(config_tree(resolved))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import volt.training
+import volt.runs.resume
 from tests.in_process import RunHere
 from tests.named_runs import steps_overrides
 from volt.config import PROJECT_ROOT
@@ -197,11 +197,20 @@ def changed_weights(change: str) -> Callable[[dict[str, torch.Tensor]], None]:
     return apply
 
 
+def folder_as_it_is(folder: Path) -> dict[Path, tuple[bytes | None, int]]:
+    """Every entry under `folder`: a file's bytes (None for a folder) and its modification time."""
+    return {
+        path: (path.read_bytes() if path.is_file() else None, path.lstat().st_mtime_ns)
+        for path in [folder, *folder.rglob("*")]
+    }
+
+
 def test_weights_the_model_does_not_fit_are_refused_before_the_fit(
     run_volt_here: RunHere, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One line, exit 2, naming the checkpoint, the names and the fix; the checkpoint left as it
-    was, to resume once the code is back. The control: torch's traceback from inside the fit."""
+    """One line, exit 2, naming the checkpoint, the names and the fix, before anything in the run's
+    folder is written: its checkpoint, records, .hydra/ and train.log are left as they were, to
+    resume once the code is back. The control: torch's traceback from inside the fit."""
     run_dir = tmp_path / "outputs" / "train" / "runs" / "changed"
     done = run_volt_here(steps_overrides("changed", 1))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -217,16 +226,44 @@ def test_weights_the_model_does_not_fit_are_refused_before_the_fit(
         crafted = copy.deepcopy(genuine)
         changed_weights(change)(crafted["state_dict"])
         torch.save(crafted, last)
-        before = last.read_bytes()
+        before = folder_as_it_is(run_dir)
         gc.collect()  # the refused attempt's run lock, which a process's exit would let go
         done = run_volt_here(steps_overrides("changed", 2))
         assert done.returncode == 2, done.stderr[-3000:]
         (line,) = [line for line in done.stderr.splitlines() if line.startswith("volt: ")]
         assert line.startswith(f"volt: config error: {last}: its state_dict does not fit"), line
         assert names in line and "start afresh under another name=..." in line, line
-        assert last.read_bytes() == before
+        assert folder_as_it_is(run_dir) == before
     # the control: without the check, torch's load_state_dict fails inside the fit
-    monkeypatch.setattr(volt.training, "weights_disagreement", lambda *args, **kwargs: "")
+    monkeypatch.setattr(volt.runs.resume, "weights_disagreement", lambda *args, **kwargs: "")
     gc.collect()
     done = run_volt_here(steps_overrides("changed", 2))
     assert done.returncode == 1 and "Error(s) in loading state_dict" in done.stderr, done.stderr
+
+
+def test_the_resume_check_builds_the_model_as_its_job_will(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hydra's callback checks a resume before Hydra's run_job sets the job's runtime, which
+    `${paths.output_dir}` reads: a model or data section that names the run's folder resolves as
+    in the job, and Hydra's global config is put back."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import InterpolationResolutionError
+
+    from volt.config import CONF_DIR
+    from volt.config.composition import VERSION_BASE
+    from volt.hydra_callbacks import as_the_job_sees_it
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONF_DIR), **VERSION_BASE):
+        overrides = ["name=here", f"paths.outputs_dir={tmp_path}"]
+        config = compose("train", overrides=overrides, return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # as on_run_start finds it
+    with pytest.raises(InterpolationResolutionError, match="HydraConfig was not set"):
+        str(config.paths.output_dir)
+    with as_the_job_sees_it(config, Path(config.hydra.run.dir)) as job:
+        assert job.paths.output_dir == str(tmp_path / "train" / "runs" / "here")
+    assert HydraConfig.instance().cfg is None

@@ -12,15 +12,23 @@ from volt.runs.records import (
     save_resolved_config,
     write_metrics,
 )
-from volt.runs.resume import ResumePlan, check_same_run, plan_resume
+from volt.runs.resume import (
+    ResumePlan,
+    check_resumed_weights,
+    check_same_run,
+    find_resume,
+    plan_resume,
+)
 
 __all__ = [
     "METRICS_FILE",
     "ResumePlan",
     "RunLock",
     "RunLockedError",
+    "check_resumed_weights",
     "check_same_run",
     "end_open_records",
+    "find_resume",
     "hparams_session",
     "lock_run_dir",
     "plan_resume",

@@ -1,5 +1,5 @@
 """Named runs (`name=...`): a fixed directory, and re-running the same command continues the run
-from its newest complete checkpoint instead of starting over."""
+from its newest complete checkpoint instead of starting over, once the model fits its weights."""
 
 import logging
 import os
@@ -7,7 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from volt.checkpointing import find_latest_valid_checkpoint
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from volt.checkpointing import (
+    find_latest_valid_checkpoint,
+    read_weight_outline,
+    weights_disagreement,
+)
 from volt.errors import ConfigError, escaped
 from volt.folder_files import read_overrides
 from volt.runs.records import METRICS_FILE, read_record
@@ -19,6 +26,8 @@ log = logging.getLogger("volt")
 class ResumePlan:
     checkpoint: Path | None  # continue from here; None: start from the beginning
     finished: dict[str, float] | None  # the final metrics when the run already completed
+    damaged: tuple[tuple[Path, str], ...] = ()  # checkpoints passed over, and why
+    started: bool = False  # an earlier attempt left a record or a checkpoint
 
 
 def _identity(overrides: list[str], neutral: Sequence[str]) -> list[str]:
@@ -46,8 +55,10 @@ def check_same_run(run_dir: Path, name: str, overrides: list[str], neutral: Sequ
         )
 
 
-def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumePlan:
-    """resume=null continues a named run if it exists; true requires one; false refuses one."""
+def find_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumePlan:
+    """resume=null continues a named run if it exists; true requires one; false refuses one.
+    Says nothing: plan_resume logs the plan; Hydra's callback finds it first, to check the
+    checkpoint before Hydra writes into the run's directory."""
     if name is None:
         if resume:
             raise ConfigError("resume=true needs a run name: add name=<the run's name>")
@@ -69,13 +80,37 @@ def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumeP
         )
     record = read_record(run_dir, run_dir)
     if record is not None and record.get("status") == "completed":
-        return ResumePlan(None, record.get("metrics", {}))
-    for path, reason in damaged:
+        return ResumePlan(None, record.get("metrics", {}), started=True)
+    return ResumePlan(checkpoint, None, tuple(damaged), started)
+
+
+def plan_resume(run_dir: Path, name: str | None, resume: bool | None) -> ResumePlan:
+    """find_resume's plan, said in the log: the checkpoint it continues from, those passed over."""
+    plan = find_resume(run_dir, name, resume)
+    for path, reason in plan.damaged:
         # A handed-over run's file name, or a key inside its checkpoint that the reason quotes,
         # may hold a newline, which would forge a log line: such text is shown escaped.
         log.warning("skipping damaged checkpoint %s: %s", escaped(str(path)), escaped(reason))
-    if checkpoint is not None:
-        log.info("resuming run %s from %s", name, checkpoint)
-    elif started:
+    if plan.checkpoint is not None:
+        log.info("resuming run %s from %s", name, plan.checkpoint)
+    elif plan.started and plan.finished is None:
         log.info("run %s has no complete checkpoint yet: starting it from the beginning", name)
-    return ResumePlan(checkpoint, None)
+    return plan
+
+
+def check_resumed_weights(model: pl.LightningModule, checkpoint: Path) -> None:
+    """Weights the module would not load (its code changed since the checkpoint, or the file
+    did) are refused in one line, not in torch's traceback once the fit started. A module that
+    changes what it loads (its own on_load_checkpoint or load_state_dict) is left to do so.
+    `model` may be on the meta device: only names and shapes are compared."""
+    hooks = ("on_load_checkpoint", "load_state_dict")
+    if any(is_overridden(hook, model, pl.LightningModule) for hook in hooks):
+        return
+    for entry, weights in read_weight_outline(checkpoint).items():
+        disagreement = weights_disagreement(model, weights, strict=model.strict_loading)
+        if disagreement:
+            raise ConfigError(
+                f"{checkpoint}: its {entry} does not fit {type(model).__name__}"
+                f" ({disagreement}): the model changed since it was saved; resume with the code"
+                " it was trained with, or start afresh under another name=..."
+            )
