@@ -87,9 +87,20 @@ def check_resume(config: DictConfig, run_dir: Path) -> None:
     built model again; a sweep's job is checked only there, once Hydra wrote into its folder)."""
     resume = config.resume if owns_run_dir() else None  # rank 0 enforces it
     plan = find_resume(run_dir, config.name, resume)
-    if plan.checkpoint is not None:
-        with as_the_job_sees_it(config, run_dir) as job:
-            check_resumed_weights(build_model_outline(job), plan.checkpoint)
+    if plan.checkpoint is None:
+        return
+    with as_the_job_sees_it(config, run_dir) as job:
+        try:
+            outline = build_model_outline(job)
+        except ConfigError:
+            raise
+        except Exception:
+            # A user's module that cannot be built on the meta device (its __init__ reads a
+            # value, say): the run builds it for real and checks it there, once Hydra has
+            # written the run's records.
+            log.debug("resume check: the model does not build on the meta device", exc_info=True)
+            return
+        check_resumed_weights(outline, plan.checkpoint)
 
 
 class VoltCallback(Callback):

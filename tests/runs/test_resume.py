@@ -267,3 +267,25 @@ def test_the_resume_check_builds_the_model_as_its_job_will(
     with as_the_job_sees_it(config, Path(config.hydra.run.dir)) as job:
         assert job.paths.output_dir == str(tmp_path / "train" / "runs" / "here")
     assert HydraConfig.instance().cfg is None
+
+
+def test_a_module_that_cannot_be_built_on_the_meta_device_still_resumes(
+    run_volt_here: RunHere, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's module whose __init__ reads a value cannot be built on the meta device, where the
+    callback checks a resume first: the run builds it for real and checks it there."""
+    import volt.hydra_callbacks
+
+    done = run_volt_here(steps_overrides("meta", 1))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (tmp_path / "outputs" / "train" / "runs" / "meta" / "metrics.json").unlink()  # as if stopped
+
+    def reads_a_value(*args: object) -> None:
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+
+    monkeypatch.setattr(volt.hydra_callbacks, "build_model_outline", reads_a_value)
+    gc.collect()  # the first attempt's run lock, which a process's exit would let go
+    done = run_volt_here(steps_overrides("meta", 2))
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = (tmp_path / "outputs" / "train" / "runs" / "meta" / "train.log").read_text()
+    assert "resuming run meta from" in log
