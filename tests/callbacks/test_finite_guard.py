@@ -287,3 +287,20 @@ def tensors_made_in_a_step(layers: int) -> int:
 def test_a_step_makes_the_same_few_tensors_whatever_the_number_of_parameters() -> None:
     # The inf-norm of each gradient that this check replaced made two tensors a parameter.
     assert tensors_made_in_a_step(2) == tensors_made_in_a_step(40) <= 6
+
+
+@pytest.mark.parametrize("bad", [None, math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("kernel", ["fused", "inf-norm"])
+def test_each_kind_of_gradient_is_flagged_by_its_kernel(kernel: str, bad: float | None) -> None:
+    """CUDA's fused check has no bfloat16 (torch 2.11): those gradients take an inf-norm each.
+    Said to be on a GPU (the function trusts the kind it is given), they run on the CPU here."""
+    from volt.callbacks.finite_guard import _flag_non_finite
+
+    grads = [torch.ones(3, dtype=torch.bfloat16), torch.ones(2, 2, dtype=torch.bfloat16)]
+    if bad is not None:
+        grads[1][1, 0] = bad
+    device = torch.device("cpu" if kernel == "fused" else "cuda")
+    found = torch.zeros(1)
+    _flag_non_finite(grads, device, torch.bfloat16, found, torch.ones(1))
+    assert found.item() == (0.0 if bad is None else 1.0)
+    assert torch.equal(grads[0], torch.ones(3, dtype=torch.bfloat16))  # x * 1.0 is x

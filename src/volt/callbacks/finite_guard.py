@@ -1,5 +1,6 @@
 """Stop training at the first NaN or inf in a loss or gradient, with no host sync between checks."""
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,14 +107,9 @@ class FiniteGuard(Callback):
         found = None
         if self._check_gradients:
             found = torch.zeros(1, dtype=torch.float32, device=loss.device)
-            for device, grads in _gradients_by_device(optimizer).items():
+            for (device, dtype), grads in _gradients_by_kind(optimizer).items():
                 here = found if device == found.device else torch.zeros_like(found, device=device)
-                # torch's GradScaler kernel at a scale of 1 (x * 1.0 is x, NaN and inf too): one
-                # fused pass over the gradients that sets `here` where an element is not finite.
-                # It replaced an inf-norm of each gradient and a stack of the results, which cost
-                # about 0.5 ms of CPU a step on the CUDA-graphs ResNet (torch.profiler, one H200,
-                # torch 2.11); 200 us against 16 us for 62 small tensors on a 2-core CPU (2.14).
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, here, self._one(device))
+                _flag_non_finite(grads, device, dtype, here, self._one(device))
                 if here is not found:  # gradients offloaded to another device than the loss
                     found += here.to(found.device)
         step = trainer.global_step
@@ -188,21 +184,41 @@ def _local(tensor: Tensor) -> Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def _gradients_by_device(optimizer: Optimizer) -> dict[torch.device, list[Tensor]]:
-    """This rank's part of each gradient the optimizer will apply, by device (one, unless
-    gradients are offloaded): `.grad` is read once per parameter, as each read costs about 2 us
-    of CPU (torch 2.11; a ResNet's 47 took 0.1 ms)."""
-    grads: dict[torch.device, list[Tensor]] = {}
+def _gradients_by_kind(
+    optimizer: Optimizer,
+) -> dict[tuple[torch.device, torch.dtype], list[Tensor]]:
+    """This rank's part of each gradient the optimizer will apply, by device and dtype (one kind,
+    unless gradients are offloaded or of mixed dtypes): `.grad` is read once per parameter, as
+    each read costs about 2 us of CPU (torch 2.11; a ResNet's 47 took 0.1 ms)."""
+    grads: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
             grad = p.grad
             if grad is None:
                 continue
             local = _local(grad)
-            # The kernel takes floating-point tensors; a complex gradient goes unchecked.
+            # The kernels below take floating-point tensors; a complex gradient goes unchecked.
             if local.numel() and local.is_floating_point():
-                grads.setdefault(local.device, []).append(local)
+                grads.setdefault((local.device, local.dtype), []).append(local)
     return grads
+
+
+def _flag_non_finite(
+    grads: list[Tensor], device: torch.device, dtype: torch.dtype, found: Tensor, one: Tensor
+) -> None:
+    """Sets `found` (1,) where an element of `grads` (one device and dtype) is NaN or inf."""
+    if device.type == "cpu" or (device.type == "cuda" and dtype is not torch.bfloat16):
+        # torch's GradScaler kernel at a scale of 1 (x * 1.0 is x, NaN and inf too): one fused
+        # pass that sets `found` where an element is not finite. It replaced an inf-norm of each
+        # gradient and a stack of the results, which cost about 0.5 ms of CPU a step on the
+        # CUDA-graphs ResNet (torch.profiler, one H200, torch 2.11); 200 us against 16 us for 62
+        # small tensors on a 2-core CPU (torch 2.14).
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
+        return
+    # Its CUDA kernel has no bfloat16 (torch 2.11: "not implemented for 'BFloat16'"; precision=
+    # bf16-true), and other devices may lack it: an inf-norm of each, finite where they all are.
+    largest = torch.stack(torch._foreach_norm(grads, ord=math.inf))
+    found += (~largest.isfinite()).any()
 
 
 def _where(loss_anywhere: int, loss_here: int, names: list[str] | None, at_hand: bool) -> str:
