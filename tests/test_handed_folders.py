@@ -680,12 +680,17 @@ def test_a_malformed_record_is_refused_before_hydra_writes_into_the_folder(
 def test_a_malformed_record_read_by_the_run_alone_is_refused_after_hydra_wrote(
     tmp_path: Path,
 ) -> None:
-    """The control: with the check before Hydra taken out, the run's own reading refuses the
-    file, once Hydra has written its .hydra/ and train.log into the folder."""
+    """The control: with the checks before Hydra taken out (the record's, and the resume's,
+    which reads the record too), the run's own reading refuses the file, once Hydra has written
+    its .hydra/ and train.log into the folder."""
     outputs = tmp_path / "outputs"
     folder = with_a_malformed_record(outputs, "run")
     before = snapshot(folder)
-    patch = "import volt.hydra_callbacks as h", "h.read_record = lambda *a: None"
+    patch = (
+        "import volt.hydra_callbacks as h",
+        "h.read_record = lambda *a: None",
+        "h.check_resume = lambda *a: None",
+    )
     done = train_named(outputs, *patch, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
     assert snapshot(folder) != before
