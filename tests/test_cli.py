@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -244,3 +245,32 @@ def test_help_lists_the_options_of_an_added_config_dir(tmp_path: Path) -> None:
     groups = help_groups("--config-dir", str(tmp_path))
     assert groups["callbacks"] == ["default", "eval", "none"]
     assert "mine" in groups["model"] and "mlp" in groups["model"]
+
+
+@pytest.mark.slow  # a run in a fresh interpreter: 20-40 s on 2 cores
+def test_a_run_whose_console_reader_goes_away_stops_as_sigpipe_would(tmp_path: Path) -> None:
+    """`python train.py | head`: once the run has its record, the reader goes away; the next
+    print stops the run, recorded as interrupted by SIGPIPE, exit 141, no traceback (rich's
+    own answer was exit 1, no word and no record)."""
+    from volt.config import PROJECT_ROOT
+
+    run_json = tmp_path / "outputs" / "train" / "runs" / "piped" / "run.json"
+    command = [sys.executable, "train.py", "name=piped", "trainer.max_epochs=3"]
+    with subprocess.Popen(
+        [*command, f"paths.outputs_dir={tmp_path / 'outputs'}"],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        deadline = time.monotonic() + 180
+        while not run_json.exists():
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        assert process.stdout is not None
+        process.stdout.close()  # as `head` does once it has its lines
+        _, err = process.communicate(timeout=240)
+    assert process.returncode == 128 + signal.SIGPIPE, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    record = json.loads(run_json.read_text())
+    assert (record["status"], record["signal"]) == ("interrupted", "SIGPIPE"), record

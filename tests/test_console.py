@@ -1,7 +1,9 @@
 """What a run prints reaches the console and the log file whatever the locale's encoding."""
 
+import io
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -109,3 +111,29 @@ def test_with_verbose_a_refusal_of_the_built_objects_comes_before_any_tree(
     assert result.returncode == 2, result.stderr[-3000:]
     assert "LineData has no attribute" in result.stderr
     assert "model_checkpoint" not in result.stdout + result.stderr
+
+
+class ClosedPipe(io.StringIO):
+    """A stdout whose reader went away: every write meets EPIPE."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_print_to_a_closed_console_stops_the_run_as_sigpipe_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rich's own answer was SystemExit(1), with no word and no record (volt.console)."""
+    from rich.console import Console
+
+    from volt.console import Terminal, stop_when_the_console_is_closed
+    from volt.errors import TrainingInterrupted
+
+    monkeypatch.setattr(Console, "on_broken_pipe", Console.on_broken_pipe)  # put back after
+    monkeypatch.setattr(os, "dup2", lambda *args: None)  # not this test process's stdout
+    stop_when_the_console_is_closed()
+    for console in (Terminal(file=ClosedPipe()), Console(file=ClosedPipe())):
+        with pytest.raises(TrainingInterrupted) as stopped:
+            console.print("a line")
+        assert stopped.value.code == 128 + signal.SIGPIPE
+        assert console.quiet  # what follows goes nowhere

@@ -8,6 +8,7 @@ import io
 import logging
 import os
 import re
+import signal
 import sys
 import traceback
 import warnings
@@ -29,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from volt.errors import ConfigError, controls_escaped, on_one_line
+from volt.errors import ConfigError, TrainingInterrupted, controls_escaped, on_one_line
 from volt.folder_files import write_replacing
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ def route_lightning_logs() -> None:
         if not any(isinstance(f, _LightningChatter) for f in logger.filters):
             logger.addFilter(_LightningChatter())
     escape_what_the_console_cannot_print()
+    stop_when_the_console_is_closed()
 
 
 class _LightningChatter(logging.Filter):
@@ -181,6 +183,25 @@ def escape_what_the_console_cannot_print() -> None:
     locale (LANG=C with Python's UTF-8 mode off); Latin-1 ones lack both characters too."""
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(errors="backslashreplace")
+
+
+def stop_when_the_console_is_closed() -> None:
+    """`python train.py | head`: once the reader of stdout is gone, rich (13 to 15.0 seen) sends
+    stdout to /dev/null and raises SystemExit(1) from the print that met the closed pipe
+    (`Console.on_broken_pipe`): the run ended mid-step, exit 1, no word, no record. That print
+    now stops the run as SIGPIPE would: recorded as interrupted, said in its log file, exit 141,
+    as a shell reports `git log | head`. Rich documents the method as the one to replace; it is
+    replaced on the class, for every console of the process: Lightning's progress bar remakes
+    rich's shared one (`rich.reconfigure` swaps its `__dict__`, dropping an instance's own)."""
+    Console.on_broken_pipe = _stop_at_closed_console  # type: ignore[method-assign,assignment]
+
+
+def _stop_at_closed_console(console: Console) -> NoReturn:
+    console.quiet = True  # as rich's own: later prints go nowhere
+    with contextlib.suppress(OSError, ValueError):  # stdout without a descriptor: nothing to do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    log.warning("Stopped: the console's reader went away (stdout closed, as by `| head`)")
+    raise TrainingInterrupted(signal.SIGPIPE, None, "printing to a closed console")
 
 
 def silence_known_warnings() -> None:
