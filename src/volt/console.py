@@ -198,10 +198,16 @@ def stop_when_the_console_is_closed() -> None:
 
 def _stop_at_closed_console(console: Console) -> NoReturn:
     console.quiet = True  # as rich's own: later prints go nowhere
-    with contextlib.suppress(OSError, ValueError):  # stdout without a descriptor: nothing to do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    stdout_to_devnull()
     log.warning("Stopped: the console's reader went away (stdout closed, as by `| head`)")
     raise TrainingInterrupted(signal.SIGPIPE, None, "printing to a closed console")
+
+
+def stdout_to_devnull() -> None:
+    """stdout's reader went away: what is still written to it goes nowhere, so that neither a later
+    print nor the interpreter's last flush of its buffer at exit meets the closed pipe again."""
+    with contextlib.suppress(OSError, ValueError):  # stdout without a descriptor: nothing to do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def silence_known_warnings() -> None:

@@ -42,6 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 from volt.config import CONF_DIR, SWEPT_KEYS
 from volt.config.execution_whitelist import main_whitelist
 from volt.config.keys import check_added_keys
+from volt.console import stdout_to_devnull
 from volt.errors import ConfigError
 
 # hydra-core 1.3 needs version_base="1.3" (without it, it warns and behaves as 1.1); 1.4 (seen:
@@ -94,9 +95,9 @@ def hydra_main(
 def _end_at_closed_pipe() -> NoReturn:
     """The reader of stdout went away (`python train.py --help | head -3`): end quietly, with the
     status a shell reports for a program that SIGPIPE ended (`git log | head`), not with the
-    BrokenPipeError's traceback. Python ignores SIGPIPE, so the write raised instead. stdout now
-    writes to /dev/null: the interpreter's last flush of its buffer would fail again."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    BrokenPipeError's traceback. Python ignores SIGPIPE, so the write raised instead. (A run
+    whose console meets it stops the same way: volt.console.stop_when_the_console_is_closed.)"""
+    stdout_to_devnull()
     sys.exit(128 + signal.SIGPIPE)
 
 
