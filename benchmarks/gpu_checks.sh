@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
-# gpt and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-trace|sweeps|trace
+# gpt, gpt-1b and sweeps need two GPUs):
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-1b|gpt-trace|sweeps|trace
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -65,6 +65,19 @@ case ${1:-tests} in
       --work /tmp/gpt-scaling
     python benchmarks/gpt_scaling.py --report "$out"/gpt_*.json --readme
     cp /tmp/gpt-scaling/*.log docs/many_gpus.md "$out/" 2>/dev/null
+    ;;
+  gpt-1b)  # two GPUs (issue #40): gpt_1b's net under trainer=fsdp, 16 x 1024 tokens per GPU, with
+           # and without activation checkpointing (tokens/s, MFU), then its sharded checkpoint
+           # against a full one (save time, host memory; benchmarks/fsdp_checkpoint.py)
+    net="model.net.n_layer=24 model.net.n_head=16 model.net.n_embd=2048"
+    for ac in false true; do
+      timeout -k 10 "${RUN_TIMEOUT:-240}" python benchmarks/gpt_scaling.py --runs volt-fsdp \
+        --warmup 10 --steps 20 --json "$out/gpt_1b_ac_$ac.json" --work /tmp/gpt-1b-$ac \
+        --extra $net model.net.activation_checkpointing=$ac 2>&1 | tail -4
+    done
+    timeout -k 10 "${CKPT_TIMEOUT:-600}" python benchmarks/fsdp_checkpoint.py --outputs /tmp/ckpt-1b \
+      --experiment gpt_bytes --devices 2 --repeats 2 -- $net data.batch_size=4 compile=off \
+      2>&1 | tee "$out/gpt_1b_checkpoint.log"
     ;;
   gpt-trace)  # two GPUs (issue #40): torch.profiler over 5 steps of volt's GPT after 60 (its
               # compilation) under each trainer (TRAINERS="fsdp ddp"), 16 x 1024 bytes per GPU:
