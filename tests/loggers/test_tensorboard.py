@@ -44,5 +44,6 @@ def test_the_event_file_is_not_flushed_at_each_logging_step(
     assert len(steps) == len(set(steps)) > 10  # every logging step's point, once
     assert (log_dir / "hparams.yaml").is_file()
     # Control: Lightning's logger flushes at every logging step.
-    flushes, _ = fit_counting_flushes(tmp_path / "lightning", LightningTensorBoardLogger, monkeypatch)
+    lightning = LightningTensorBoardLogger
+    flushes, _ = fit_counting_flushes(tmp_path / "lightning", lightning, monkeypatch)
     assert flushes >= len(steps)
