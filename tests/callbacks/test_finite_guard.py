@@ -304,3 +304,24 @@ def test_each_kind_of_gradient_is_flagged_by_its_kernel(kernel: str, bad: float 
     _flag_non_finite(grads, device, torch.bfloat16, found, torch.ones(1))
     assert found.item() == (0.0 if bad is None else 1.0)
     assert torch.equal(grads[0], torch.ones(3, dtype=torch.bfloat16))  # x * 1.0 is x
+
+
+class SecondLayerAddedLater(TwoLayers):
+    """Its optimizer starts with the first layer; the second joins it as a group at step 1."""
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.first.parameters(), lr=0.01)
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        if self.global_step == 1:
+            self.optimizers().optimizer.add_param_group({"params": self.second.parameters()})
+
+
+def test_a_parameter_group_added_during_training_is_checked(tmp_path: Path) -> None:
+    # FiniteGuard sorts an optimizer's parameters once; a group added later must be sorted in.
+    model = SecondLayerAddedLater(grad_at=BAD_STEP)
+    guard = FiniteGuard(check_every_n_steps=1)
+    with pytest.raises(NonFiniteLossError) as raised:
+        trainer(tmp_path, guard=guard, checkpoint_every_step=False).fit(model, batches())
+    assert "gradient (NaN or inf) of parameter second.weight at" in str(raised.value)
+    assert f"global step {BAD_STEP};" in str(raised.value)
