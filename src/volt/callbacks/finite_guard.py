@@ -146,7 +146,7 @@ class FiniteGuard(Callback):
         2.11), reading 60 of them alone 5 us on a 2-core CPU."""
         count = sum(len(group["params"]) for group in optimizer.param_groups)
         kinds = self._kinds.get(id(optimizer))
-        if kinds is None or kinds.count != count:
+        if kinds is None or kinds.optimizer is not optimizer or kinds.count != count:
             kinds = self._kinds[id(optimizer)] = _Kinds.of(optimizer, count)
         grads: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
         for kind, params in kinds.params.items():
@@ -210,6 +210,7 @@ class _Kinds:
     """An optimizer's parameters whose gradients are checked, by the device and dtype of this
     rank's part (gradients share their parameter's), and whether they are DTensors (FSDP)."""
 
+    optimizer: Optimizer  # (an id alone could be a later optimizer's)
     count: int  # parameters in the optimizer's groups when this was made
     params: dict[tuple[torch.device, torch.dtype], list[Tensor]]
     sharded: bool
@@ -226,7 +227,7 @@ class _Kinds:
                 # unchecked, as does a parameter of which this rank holds no element.
                 if local.numel() and local.is_floating_point():
                     params.setdefault((local.device, local.dtype), []).append(p)
-        return _Kinds(count, params, sharded)
+        return _Kinds(optimizer, count, params, sharded)
 
 
 def _flag_non_finite(
