@@ -174,17 +174,30 @@ class ImageTransform:
         device, pad = images.device, self.crop_padding
         padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
         corner = torch.randint(0, 2 * pad + 1, (n, 2), device=device, generator=generator)
-        rows = corner[:, :1] + torch.arange(height, device=device)  # (N, H) into the padded image
-        cols = corner[:, 1:] + torch.arange(width, device=device)  # (N, W)
+        images_at, channels_at, rows_at, cols_at = _positions(n, channels, height, width, device)
+        rows = corner[:, :1] + rows_at  # (N, H) into the padded image
+        cols = corner[:, 1:] + cols_at  # (N, W)
         if self.flip:
             mirrored = torch.rand(n, device=device, generator=generator) < 0.5
             cols = torch.where(mirrored[:, None], cols.flip(-1), cols)
-        return padded[
-            torch.arange(n, device=device).view(n, 1, 1, 1),
-            torch.arange(channels, device=device).view(1, channels, 1, 1),
-            rows.view(n, 1, height, 1),
-            cols.view(n, 1, 1, width),
-        ]
+        return padded[images_at, channels_at, rows.view(n, 1, height, 1), cols.view(n, 1, 1, width)]
+
+
+@functools.cache
+def _positions(
+    n: int, channels: int, height: int, width: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The batch's image and channel indices, (N, 1, 1, 1) and (1, C, 1, 1), and its rows' and
+    columns' positions, (H,) and (W,): made once per batch shape and device (a run sees one or
+    two: its batch and the last, smaller one), not four kernel launches and allocations a step
+    (the eager ResNet's torch.profiler trace on an H200, torch 2.11: its only `aten::arange`s, 0.14
+    ms of CPU a step under the profiler)."""
+    return (
+        torch.arange(n, device=device).view(n, 1, 1, 1),
+        torch.arange(channels, device=device).view(1, channels, 1, 1),
+        torch.arange(height, device=device),
+        torch.arange(width, device=device),
+    )
 
 
 @dataclass(frozen=True)
