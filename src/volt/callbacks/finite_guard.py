@@ -150,9 +150,9 @@ class FiniteGuard(Callback):
             kinds = self._kinds[id(optimizer)] = _Kinds.of(optimizer, count)
         grads: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
         for kind, params in kinds.params.items():
-            found = [g for p in params if (g := p.grad) is not None]
-            if found:
-                grads[kind] = [_local(g) for g in found] if kinds.sharded else found
+            present = [g for p in params if (g := p.grad) is not None]
+            if present:
+                grads[kind] = [_local(g) for g in present] if kinds.sharded else present
         return grads
 
     def _one(self, device: torch.device) -> Tensor:
