@@ -7,13 +7,16 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from volt.config import PROJECT_ROOT
 from volt.errors import TrainingInterrupted
+from volt.runs import stop_signals
 from volt.runs.stop_signals import stop_on_signals
 
 
@@ -44,6 +47,28 @@ def test_the_line_says_what_the_same_command_does(tmp_path: Path) -> None:
     with stop_on_signals(tmp_path, named=True) as stop:
         (tmp_path / "last.ckpt").write_bytes(b"")
         assert stop.next_time() == "the same command resumes the run from its newest checkpoint"
+
+
+def test_a_watcher_that_left_first_does_not_break_the_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded machine the watcher can read a signal's byte only after the handler ran and
+    the block began to leave, see the stop flag and leave before it is woken (CI, a ddp rank
+    signalled during setup: BrokenPipeError from the wake-up write). Made certain here: the
+    watcher sets the flag itself and leaves before the block ends. No pipe end is left open."""
+    real_watch = stop_signals._watch
+    left = threading.Event()
+
+    def watch_then_leave(*args: Any) -> None:
+        args[-1].set()  # the stop flag, as the leaving block sets it
+        real_watch(*args)
+        left.set()
+
+    monkeypatch.setattr(stop_signals, "_watch", watch_then_leave)
+    open_before = set(os.listdir("/proc/self/fd"))
+    with stop_on_signals(tmp_path, named=True):
+        assert left.wait(5)
+    assert set(os.listdir("/proc/self/fd")) == open_before
 
 
 def test_sigterm_while_ddp_ranks_start_ends_every_rank(tmp_path: Path) -> None:

@@ -108,26 +108,29 @@ def stop_on_signals(checkpoints: Path | None, named: bool) -> Iterator[RunStoppe
     finally:
         signal.set_wakeup_fd(previous_fd)
         stop_watching.set()
-        os.write(write_end, b"\0")  # wakes the watcher to leave
+        # Wakes the watcher to leave. This thread owns the read end too, so the write always finds
+        # a reader: a watcher that saw `stop_watching` first (it read a signal's byte after this
+        # handler had already run) has left without waiting, and used to close the read end here,
+        # which made this write a BrokenPipeError on a loaded machine.
+        os.write(write_end, b"\0")
         watcher.join(timeout=1)
         os.close(write_end)
+        if not watcher.is_alive():  # one still in _unless_handled keeps reading it
+            os.close(read_end)
         for signum, handler in before.items():
             if handler is not None:
                 signal.signal(signum, handler)
 
 
 def _watch(stopper: RunStopper, read_end: int, previous_fd: int, stop: threading.Event) -> None:
-    try:
-        while not stop.is_set():
-            received = os.read(read_end, 64)
-            if previous_fd != -1:  # whoever watched before (pytest's conftest) sees them too
-                with suppress(OSError):
-                    os.write(previous_fd, received)
-            for signum in received:
-                if signum in SIGNALS and stopper.is_installed(signum) and not stop.is_set():
-                    _unless_handled(stopper, signum)
-    finally:
-        os.close(read_end)
+    while not stop.is_set():
+        received = os.read(read_end, 64)
+        if previous_fd != -1:  # whoever watched before (pytest's conftest) sees them too
+            with suppress(OSError):
+                os.write(previous_fd, received)
+        for signum in received:
+            if signum in SIGNALS and stopper.is_installed(signum) and not stop.is_set():
+                _unless_handled(stopper, signum)
 
 
 def _unless_handled(stopper: RunStopper, signum: int) -> None:
