@@ -42,6 +42,7 @@ from volt.config.execution_whitelist import instantiate_whitelist
 from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targets, locate_checked
 from volt.errors import ConfigError
 from volt.gpu import apply_compile, apply_float8
+from volt.loggers.logged_values import skip_needless_moves
 from volt.strategies.fsdp import FSDPStrategy
 from volt.strategies.launcher import RunConfigLauncher
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
@@ -293,6 +294,7 @@ def build_trainer(
     allow_clipping_fused_optimizers(trainer)
     no_collective_in_sigterm_handler(trainer)
     skip_inherited_batch_hooks(trainer.callbacks)  # type: ignore[attr-defined]
+    skip_needless_moves()  # what `self.log` costs the host (volt.loggers.logged_values)
     return trainer
 
 
