@@ -32,7 +32,7 @@ _lightnings_to = _ResultMetric.to
 
 def skip_needless_moves() -> None:
     """For the whole process, once: `self.log` skips the move of a record already in place."""
-    _ResultMetric.to = _to_unless_there  # type: ignore[method-assign]
+    _ResultMetric.to = _to_unless_there  # type: ignore[method-assign,assignment]
 
 
 def _to_unless_there(record: _ResultMetric, *args: Any, **kwargs: Any) -> _ResultMetric:
