@@ -109,9 +109,9 @@ def stop_on_signals(checkpoints: Path | None, named: bool) -> Iterator[RunStoppe
         signal.set_wakeup_fd(previous_fd)
         stop_watching.set()
         # Wakes the watcher to leave. This thread owns the read end too, so the write always finds
-        # a reader: a watcher that saw `stop_watching` first (it read a signal's byte after this
-        # handler had already run) has left without waiting, and used to close the read end here,
-        # which made this write a BrokenPipeError on a loaded machine.
+        # a reader: a watcher that saw `stop_watching` first (it read a signal's byte only after
+        # the handler had run and this block began to leave) has left without waiting, and used
+        # to close the read end, which made this write a BrokenPipeError on a loaded machine.
         os.write(write_end, b"\0")
         watcher.join(timeout=1)
         os.close(write_end)
