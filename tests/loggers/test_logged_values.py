@@ -12,6 +12,7 @@ from lightning.pytorch.trainer.connectors.logger_connector.result import (
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.aggregation import CatMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from volt.loggers import logged_values
@@ -62,6 +63,21 @@ def test_the_short_cut_is_taken_only_when_nothing_lightning_moves_is_elsewhere(k
         record = records()[kind]
         one_elsewhere(record, which)
         assert not _all_on(record, CPU), f"{kind}: held thing {which} on meta was not seen"
+
+
+def test_a_logged_metric_is_judged_by_each_of_its_states() -> None:
+    """A metric's `device` is only where it was last moved: a state elsewhere, states kept on
+    the CPU by `compute_on_cpu` (which Lightning's move brought back at every call) and list
+    states take Lightning's path."""
+    record = records()["metric"]
+    assert _all_on(record, CPU)
+    record.value.tp = record.value.tp.to("meta")  # one state moved behind the metric's back
+    assert record.value.device == CPU and not _all_on(record, CPU)
+    for metric in (CatMetric(compute_on_cpu=True), CatMetric()):  # lists of tensors
+        metric.update(torch.tensor([1.0]))
+        results = _ResultCollection(training=True)
+        results.log("training_step", "cat", metric, on_step=False, on_epoch=True)
+        assert not _all_on(results["training_step.cat"], CPU)
 
 
 def test_a_record_is_moved_once_not_at_every_call(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,7 +61,22 @@ def _all_on(record: _ResultMetric, device: torch.device) -> bool:
 def _on(value: Any, device: torch.device) -> bool:
     if type(value) in _PLAIN:
         return True
-    return isinstance(value, (Tensor, Metric)) and value.device == device
+    if isinstance(value, Tensor):
+        return value.device == device
+    return isinstance(value, Metric) and _metric_on(value, device)
+
+
+def _metric_on(metric: Metric, device: torch.device) -> bool:
+    """A metric logged as itself (`self.log("acc", self.acc)`): its `device` is only where it
+    was last moved, so each state is looked at. Unsure, so False: states kept on the CPU
+    (`compute_on_cpu`, which Lightning's move brought back at every call), list states (which grow
+    with every update), and metrics holding other modules or buffers."""
+    if metric.device != device or metric.compute_on_cpu:
+        return False
+    if metric._buffers or metric._parameters or metric._modules:
+        return False
+    states = [getattr(metric, name) for name in metric._defaults]
+    return all(isinstance(state, Tensor) and state.device == device for state in states)
 
 
 # The types of what a record holds beside its tensors that cannot hold one (matched exactly).
