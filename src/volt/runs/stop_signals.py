@@ -113,9 +113,11 @@ def stop_on_signals(checkpoints: Path | None, named: bool) -> Iterator[RunStoppe
         # the handler had run and this block began to leave) has left without waiting, and used
         # to close the read end, which made this write a BrokenPipeError on a loaded machine.
         os.write(write_end, b"\0")
-        watcher.join(timeout=1)
+        # It leaves at once, or after _unless_handled: its wait for the handler, or the process's
+        # end. Joined for that long, so the read end is closed after it in all but that end.
+        watcher.join(timeout=MAIN_THREAD_GRACE_S + CHILDREN_EXIT_S + 1)
         os.close(write_end)
-        if not watcher.is_alive():  # one still in _unless_handled keeps reading it
+        if not watcher.is_alive():
             os.close(read_end)
         for signum, handler in before.items():
             if handler is not None:
