@@ -5,7 +5,6 @@ import io
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -179,12 +178,11 @@ def test_only_the_one_by_one_convolutions_stride_warning_is_silenced(
 # DDP over one gloo rank, a net with a 1x1 convolution compiled in place, as volt's compile= and
 # trainer=ddp make it; prints each warning of its backward passes.
 COMPILED_ONE_BY_ONE = """
-import os, sys, warnings
+import sys, warnings
 import torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-dist.init_process_group("gloo", rank=0, world_size=1)
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 1))
 net.compile()
 ddp = DistributedDataParallel(net)
@@ -199,12 +197,14 @@ for warning in seen:
 
 
 @pytest.mark.slow  # a process of its own that compiles with inductor: about 6 s on 2 cores
-def test_the_stride_warning_silenced_is_the_one_a_compiled_one_by_one_convolution_gives() -> None:
+def test_the_stride_warning_silenced_is_the_one_a_compiled_one_by_one_convolution_gives(
+    tmp_path: Path,
+) -> None:
     """The real warning, from this torch: the filter's pattern matches it word for word."""
     from volt.console import ONE_BY_ONE_STRIDES
 
     done = subprocess.run(
-        [sys.executable, "-c", COMPILED_ONE_BY_ONE, str(free_port())],
+        [sys.executable, "-c", COMPILED_ONE_BY_ONE, str(tmp_path / "rendezvous")],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -212,9 +212,3 @@ def test_the_stride_warning_silenced_is_the_one_a_compiled_one_by_one_convolutio
     strides = [m for m in messages if m.startswith("Grad strides")]
     assert strides, messages  # the control: this torch still warns
     assert all(re.compile(ONE_BY_ONE_STRIDES, re.I).match(m) for m in strides), strides
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
