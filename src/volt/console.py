@@ -235,11 +235,11 @@ def silence_known_warnings() -> None:
     # contract accepts but DDP's reducer compares exactly, and it warns once per rank that this
     # "may impair performance" (seen with torch 2.14 on the CPU; the compiled ResNet's DDP runs
     # on H200s, torch 2.11, warned of strides too, whether of this case is not recorded;
-    # pytorch/pytorch#47163). It does not: without
-    # gradient_as_bucket_view the reducer copies every gradient into its bucket anyway. Only
-    # that exact case is silenced (the backreferences). torch warns once per process, at the
-    # first mismatch: a later, real one (channels_last 3x3 weights) goes unreported behind a
-    # silenced 1x1, as it did behind the shown one before.
+    # pytorch/pytorch#47163). It does not: without gradient_as_bucket_view the reducer copies
+    # every gradient into its bucket anyway. Only that exact case is silenced (the
+    # backreferences). torch warns once per process, at the first mismatch: a later, real one
+    # (channels_last 3x3 weights) goes unreported behind a silenced 1x1, as it did behind the
+    # shown one before. Remove if torch's reducer ignores the strides of size-1 dimensions.
     warnings.filterwarnings("ignore", message=ONE_BY_ONE_STRIDES)
 
 
