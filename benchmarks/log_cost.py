@@ -14,10 +14,11 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 
+import harness  # benchmarks/, the folder of this script, is first on sys.path
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import LambdaCallback
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -37,36 +38,25 @@ class Logs(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-class Windows(pl.Callback):
-    """Times `repeats` windows of `steps` steps after `warmup`; µs a step each."""
-
-    def __init__(self, warmup: int, steps: int, repeats: int) -> None:
-        self.edges = {warmup + i * steps for i in range(repeats + 1)}
-        self.steps, self.times, self.us = steps, [], []
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step in self.edges:
-            if trainer.strategy.root_device.type == "cuda":
-                torch.cuda.synchronize()
-            self.times.append(time.perf_counter())
-            if len(self.times) > 1:
-                self.us.append((self.times[-1] - self.times[-2]) / self.steps * 1e6)
-
-
 def one_case(values: int, volt: bool, device: str, steps: int, repeats: int) -> float:
     if volt:
         from volt.loggers.logged_values import skip_needless_moves
 
         skip_needless_moves()
-    windows = Windows(warmup=100, steps=steps, repeats=repeats)
+    windows = harness.Windows(
+        100, steps, repeats, lambda: harness.synchronize(torch.device(device))
+    )
+    clock = LambdaCallback(
+        on_train_batch_end=lambda trainer, *_: windows.step_done(trainer.global_step)
+    )
     data = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=1)
     trainer = pl.Trainer(
-        accelerator=device, devices=1, max_steps=100 + steps * repeats, logger=False,
+        accelerator=device, devices=1, max_steps=windows.total, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[windows],
+        callbacks=[clock],
     )  # fmt: skip
     trainer.fit(Logs(values), data)
-    return statistics.median(windows.us)
+    return 1e3 * statistics.median(windows.ms_per_step())
 
 
 def main() -> None:
