@@ -283,5 +283,56 @@ def test_every_block_but_the_last_frees_its_gathered_weights_after_forward(
         holder.net(torch.zeros(1, 8, dtype=torch.long))
         gathered = [not isinstance(b.mlp.fc.weight, DTensor) for b in holder.net.blocks]
         assert gathered == ([False, False, True] if reshard_after_forward else [True] * 3)
+        # The net itself (embeddings, head) is where backward starts: kept too.
+        assert not isinstance(holder.net.tok_emb.weight, DTensor)
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_blocks_are_sharded_in_groups_of_at_least_min_group_params() -> None:
+    """Five blocks, groups of at least two blocks' parameters: blocks 0-1 and 2-3 gather as one
+    group each (one FSDP state, one all-gather), block 4 is left to the net's own group; a
+    threshold above the whole net shards it as one group, 0 each block alone."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from volt.nets.gpt import GPT
+    from volt.strategies.fsdp import mixed_precision, shard
+
+    def groups(min_group_params: int) -> list[list[int]]:
+        holder = torch.nn.Module()
+        holder.net = GPT(block_size=8, vocab_size=16, n_layer=5, n_head=2, n_embd=8)
+        block_params = sum(p.numel() for p in holder.net.blocks[0].parameters())
+        mesh = init_device_mesh("cpu", (1,))
+        shard(
+            holder,
+            ["volt.nets.gpt.Block"],
+            mesh,
+            mixed_precision("32-true"),
+            True,
+            min_group_params * block_params,
+        )
+        holder.net(torch.zeros(1, 8, dtype=torch.long)).sum().backward()  # it still trains
+        states: dict[int, list[int]] = {}
+        for i, block in enumerate(holder.net.blocks):
+            if isinstance(block, FSDPModule):
+                states.setdefault(id(block._get_fsdp_state()), []).append(i)
+        assert isinstance(holder.net, FSDPModule)
+        return list(states.values())
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        assert groups(2) == [[0, 1], [2, 3]]
+        assert groups(100) == []
+        assert groups(0) == [[0], [1], [2], [3], [4]]
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_negative_min_group_params_is_refused_in_one_line(tmp_path: Path) -> None:
+    from volt.strategies.fsdp import FSDPStrategy
+
+    with pytest.raises(ConfigError, match=r"min_group_params=-1 is negative: use 0") as caught:
+        FSDPStrategy(rank_config=tmp_path / "c.yaml", min_group_params=-1)
+    assert "\n" not in str(caught.value)
