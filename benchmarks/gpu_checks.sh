@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
 # gpt, gpt-1b and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-1b|gpt-trace|sweeps|trace
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -78,6 +78,30 @@ case ${1:-tests} in
     timeout -k 10 "${CKPT_TIMEOUT:-600}" python benchmarks/fsdp_checkpoint.py --outputs /tmp/ckpt-1b \
       --experiment gpt_bytes --devices 2 --repeats 2 -- $net data.batch_size=4 compile=off \
       2>&1 | tee "$out/gpt_1b_checkpoint.log"
+    ;;
+  gpt-1b-resume)  # two GPUs (issue #40): gpt_1b's sharded checkpoint saved on 2 GPUs, resumed on 1,
+                  # then on 2 again: each leg's wall time and peak resident memory (GNU time: the
+                  # largest process, rank 0), the checkpoint's size and where each leg began.
+                  # EXPERIMENT=gpt_bytes_tiny runs the same on the CPU (2 gloo ranks), to check it.
+    exp=${EXPERIMENT:-gpt_1b}; dir=/tmp/gpt-1b-resume; rm -rf "$dir"
+    common="experiment=$exp trainer=fsdp name=resume data.batch_size=4 compile=off test=false
+      model.scheduler.warmup_steps=1 model.scheduler.max_steps=100
+      trainer.limit_val_batches=0 trainer.num_sanity_val_steps=0 callbacks.text_samples=null
+      callbacks.early_stopping=null callbacks.progress_bar=null paths.outputs_dir=$dir"
+    for leg in "2 2" "1 4" "2 6"; do
+      set -- $leg
+      log="$out/gpt_1b_resume_${1}gpus_to_step_$2.log"
+      /usr/bin/time -v timeout -k 10 "${LEG_TIMEOUT:-150}" python train.py $common \
+        trainer.devices=$1 trainer.max_steps=$2 > "$log" 2>&1
+      echo "$1 GPU(s) to step $2: exit $(sed -n 's/^\s*Exit status: //p' "$log"), $(sed -n \
+        's/^\s*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$log") wall, peak RSS $(sed -n \
+        's/^\s*Maximum resident set size (kbytes): //p' "$log") kB" | tee -a "$out/gpt_1b_resume.txt"
+      du -sh "$dir/train/runs/resume/checkpoints/last.ckpt" >> "$out/gpt_1b_resume.txt" 2>&1
+      # A finished run is not continued: as if killed after its last checkpoint (as the tests do)
+      rm -f "$dir/train/runs/resume/metrics.json"
+    done
+    grep -hE "resuming run|starting it from|global_step|max_steps" "$dir/train/runs/resume/train.log" \
+      | cut -c1-200 >> "$out/gpt_1b_resume.txt" 2>/dev/null
     ;;
   gpt-trace)  # two GPUs (issue #40): torch.profiler over 5 steps of volt's GPT after 60 (its
               # compilation) under each trainer (TRAINERS="fsdp ddp"), 16 x 1024 bytes per GPU:
