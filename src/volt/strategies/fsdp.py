@@ -289,7 +289,7 @@ def shard(
     to that submodule's own group. FSDP2 costs host time per group and pass (about 1 ms of CPU
     before each block's forward and as much in backward on an H200's host, 2026-11-28), while a
     group's GPU work grows with its size: the 85M GPT of gpt_bytes, each of its 12 blocks sharded
-    alone, trained at 0.45x a plain DDP loop on 2 H200s, as one group 0.86x. 100M (the default)
+    alone, trained at 0.42x a plain DDP loop on 2 H200s, as one group 0.86x. 100M (the default)
     is the threshold of torch's FSDP1 size-based wrapping policy: every block of the 1.2B
     gpt_1b pairs with the next, the 85M GPT is one group. 0 shards each layer on its own.
 
