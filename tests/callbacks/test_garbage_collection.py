@@ -128,6 +128,35 @@ def test_what_lives_as_training_starts_is_frozen_then_free_again_after() -> None
     assert alive() is None
 
 
+class Maker(Recorder):
+    """Makes a long-lived object at steps 2 and 12 and notes, at every step, which of them a
+    collection would still walk (gc.get_objects leaves out what is frozen)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: dict[int, list[int]] = {}
+        self.walked: list[list[int]] = []
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if self.global_step in (2, 12):
+            self.made[self.global_step] = [self.global_step]  # a tracked container
+        ids = {id(o) for o in gc.get_objects()}
+        self.walked.append([step for step, made in self.made.items() if id(made) in ids])
+        return super().training_step(batch, batch_idx)
+
+
+def test_what_outlives_the_first_full_collection_of_training_is_frozen_too() -> None:
+    # torch.compile builds its graphs in the first steps: each later full collection walked them.
+    model = Maker()
+    fit(model, GarbageCollection(every_n_steps=4), max_epochs=3)  # 10-step epochs
+    # Full collections at the epochs' ends (steps 10, 20): the first one freezes what lives
+    # (step 2's object), the second does not (step 12's is still walked after it).
+    assert model.walked[3:10] == [[2]] * 7
+    assert model.walked[10:12] == [[]] * 2
+    assert model.walked[13:30] == [[12]] * 17
+    assert gc.get_freeze_count() == 0  # all unfrozen when training ends
+
+
 def test_a_second_fit_frees_what_the_first_left_frozen() -> None:
     # A sweep's jobs run one after another in one process: the first job's cycles go.
     first = Recorder()
