@@ -188,9 +188,10 @@ def test_a_sweep_stops_at_a_directory_another_process_holds(
         assert all(p.stat().st_size == 0 for p in outputs.rglob("train.log"))
 
 
-# Still training when the second command starts (epochs take seconds on a busy CPU; no early
-# stop), and the resume ends after a few steps (see trainer.max_steps below).
-RUN = ["name=x", "trainer.max_epochs=50", "callbacks.early_stopping=null", "test=false"]
+# Still training when the second command starts, however long that takes to start on a loaded
+# machine (50 epochs once ended first: about 25 s of digits on 2 busy cores; no early stop); the
+# test kills it, and the resume ends after a few steps (see trainer.max_steps below).
+RUN = ["name=x", "trainer.max_epochs=100000", "callbacks.early_stopping=null", "test=false"]
 RUN += ["callbacks.progress_bar=null", "callbacks.model_summary=null"]
 # What the first process writes once, before training: the second must change none of it.
 WRITTEN_AT_START = [".lock", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"]
