@@ -7,6 +7,7 @@ import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -289,6 +290,20 @@ def test_every_block_but_the_last_frees_its_gathered_weights_after_forward(
         torch.distributed.destroy_process_group()
 
 
+def sharded_gpt(blocks_a_group: int, mesh: Any, **net: Any) -> torch.nn.Module:
+    """A 5-block GPT (width 8 unless `net` says otherwise) in a holder, as the LightningModule
+    holds its net, sharded by volt with groups of at least `blocks_a_group` blocks' parameters."""
+    from volt.nets.gpt import GPT
+    from volt.strategies.fsdp import mixed_precision, shard
+
+    holder = torch.nn.Module()
+    holder.net = GPT(**{"block_size": 16, "n_layer": 5, "n_head": 2, "n_embd": 8, **net})
+    block_params = sum(p.numel() for p in holder.net.blocks[0].parameters())
+    policy = mixed_precision("32-true")
+    shard(holder, ["volt.nets.gpt.Block"], mesh, policy, True, blocks_a_group * block_params)
+    return holder
+
+
 def test_blocks_are_sharded_in_groups_of_at_least_min_group_params() -> None:
     """Five blocks, groups of at least two blocks' parameters: blocks 0-1 and 2-3 gather as one
     group each (one FSDP state, one all-gather), block 4 is left to the net's own group; a
@@ -296,22 +311,8 @@ def test_blocks_are_sharded_in_groups_of_at_least_min_group_params() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
-    from volt.nets.gpt import GPT
-    from volt.strategies.fsdp import mixed_precision, shard
-
-    def groups(min_group_params: int) -> list[list[int]]:
-        holder = torch.nn.Module()
-        holder.net = GPT(block_size=8, vocab_size=16, n_layer=5, n_head=2, n_embd=8)
-        block_params = sum(p.numel() for p in holder.net.blocks[0].parameters())
-        mesh = init_device_mesh("cpu", (1,))
-        shard(
-            holder,
-            ["volt.nets.gpt.Block"],
-            mesh,
-            mixed_precision("32-true"),
-            True,
-            min_group_params * block_params,
-        )
+    def groups(blocks_a_group: int) -> list[list[int]]:
+        holder = sharded_gpt(blocks_a_group, init_device_mesh("cpu", (1,)), vocab_size=16)
         holder.net(torch.zeros(1, 8, dtype=torch.long)).sum().backward()  # it still trains
         states: dict[int, list[int]] = {}
         for i, block in enumerate(holder.net.blocks):
@@ -343,9 +344,6 @@ def train_grouped_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     (none, pairs, one group) with and without activation checkpointing; rank 0 saves the losses."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from volt.nets.gpt import GPT
-    from volt.strategies.fsdp import mixed_precision, shard
-
     torch.set_num_threads(1)
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
@@ -355,20 +353,7 @@ def train_grouped_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     for blocks_a_group in (0, 2, 100):
         for checkpointing in (False, True):
             torch.manual_seed(0)
-            holder = torch.nn.Module()
-            holder.net = GPT(
-                block_size=16, n_layer=5, n_head=2, n_embd=16,
-                activation_checkpointing=checkpointing,
-            )  # fmt: skip
-            block_params = sum(p.numel() for p in holder.net.blocks[0].parameters())
-            shard(
-                holder,
-                ["volt.nets.gpt.Block"],
-                mesh,
-                mixed_precision("32-true"),
-                True,
-                blocks_a_group * block_params,
-            )
+            holder = sharded_gpt(blocks_a_group, mesh, activation_checkpointing=checkpointing)
             optimizer = torch.optim.SGD(holder.parameters(), lr=0.5)
             torch.manual_seed(1 + rank)  # each rank its own batches
             run = []
