@@ -293,10 +293,9 @@ def shard(
     is the threshold of torch's FSDP1 size-based wrapping policy: every block of the 1.2B
     gpt_1b pairs with the next, the 85M GPT is one group. 0 shards each layer on its own.
 
-    The last group (a net's last blocks) and the last top-level submodule (the net: its head
-    runs last) keep their gathered weights after their forward whatever `reshard_after_forward`
-    says: backward starts with them, so freeing them would only gather them again at once
-    (torchtitan keeps the last blocks; FSDP2 keeps its root's when left to choose).
+    The last group (a net's last blocks) keeps its gathered weights after its forward whatever
+    `reshard_after_forward` says: backward starts with it, so freeing them would only gather
+    them again at once (torchtitan does the same).
 
     The top-level submodules are the roots, not the LightningModule: Lightning calls
     `training_step` directly, not through `__call__`, so hooks on the LightningModule would not
@@ -314,25 +313,32 @@ def shard(
         "mp_policy": policy,
         "reshard_after_forward": reshard_after_forward,
     }
-    groups = [
-        group
-        for child in module.children()
-        for group in _groups(_outermost(child, wrap), min_group_params)
-    ]
+    groups: list[list[nn.Module]] = []
+    seen: set[int] = set()  # a layer reachable from two children (an alias) is sharded once
+    for child in module.children():
+        layers = [layer for layer in _outermost(child, wrap) if id(layer) not in seen]
+        seen.update(id(layer) for layer in layers)
+        # A container that is never called itself (a ModuleList) can neither take a rest nor be
+        # the root above groups: its layers are sharded one by one, as before grouping.
+        groups += _groups(layers, min_group_params if _has_forward(child) else 0)
     for group in reversed(groups):
         kept = group is groups[-1]
         fully_shard(
             group if len(group) > 1 else group[0],
             **{**options, "reshard_after_forward": reshard_after_forward and not kept},
         )
-    roots = [
-        c for c in module.children() if any(not isinstance(p, DTensor) for p in c.parameters())
-    ]
-    for root in roots:
-        kept = root is roots[-1]
-        fully_shard(
-            root, **{**options, "reshard_after_forward": reshard_after_forward and not kept}
-        )
+    for child in module.children():
+        grouped = any(isinstance(m, FSDPModule) for m in child.modules())
+        loose = any(not isinstance(p, DTensor) for p in child.parameters())
+        # A child whose layers were grouped is sharded too, parameters of its own or not: FSDP
+        # needs one root above the groups it runs.
+        if not isinstance(child, FSDPModule) and (loose or (grouped and _has_forward(child))):
+            fully_shard(child, **options)
+
+
+def _has_forward(module: nn.Module) -> bool:
+    """False for containers that are never called (ModuleList, ModuleDict)."""
+    return type(module).forward is not nn.Module.forward
 
 
 def _outermost(module: nn.Module, wrap: Sequence[str]) -> list[nn.Module]:
