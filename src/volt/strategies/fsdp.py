@@ -329,10 +329,10 @@ def shard(
         )
     for child in module.children():
         grouped = any(isinstance(m, FSDPModule) for m in child.modules())
-        loose = any(not isinstance(p, DTensor) for p in child.parameters())
+        unsharded = any(not isinstance(p, DTensor) for p in child.parameters())
         # A child whose layers were grouped is sharded too, parameters of its own or not: FSDP
         # needs one root above the groups it runs.
-        if not isinstance(child, FSDPModule) and (loose or (grouped and _has_forward(child))):
+        if not isinstance(child, FSDPModule) and (unsharded or (grouped and _has_forward(child))):
             fully_shard(child, **options)
 
 
