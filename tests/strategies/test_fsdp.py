@@ -279,9 +279,8 @@ def test_every_block_but_the_last_frees_its_gathered_weights_after_forward(
         holder = torch.nn.Module()
         holder.net = GPT(block_size=8, vocab_size=16, n_layer=3, n_head=2, n_embd=8)
         mesh = init_device_mesh("cpu", (1,))
-        shard(
-            holder, ["volt.nets.gpt.Block"], mesh, mixed_precision("32-true"), reshard_after_forward
-        )
+        policy = mixed_precision("32-true")
+        shard(holder, ["volt.nets.gpt.Block"], mesh, policy, reshard_after_forward, 0)
         holder.net(torch.zeros(1, 8, dtype=torch.long))
         gathered = [not isinstance(b.mlp.fc.weight, DTensor) for b in holder.net.blocks]
         assert gathered == ([False, False, True] if reshard_after_forward else [True] * 3)
@@ -289,7 +288,9 @@ def test_every_block_but_the_last_frees_its_gathered_weights_after_forward(
         torch.distributed.destroy_process_group()
 
 
-def sharded_gpt(blocks_a_group: int, mesh: Any, **net: Any) -> torch.nn.Module:
+def sharded_gpt(
+    blocks_a_group: int, mesh: Any, wrap: tuple[str, ...] = ("volt.nets.gpt.Block",), **net: Any
+) -> torch.nn.Module:
     """A 5-block GPT (width 8 unless `net` says otherwise) in a holder, as the LightningModule
     holds its net, sharded by volt with groups of at least `blocks_a_group` blocks' parameters."""
     from volt.nets.gpt import GPT
@@ -299,7 +300,7 @@ def sharded_gpt(blocks_a_group: int, mesh: Any, **net: Any) -> torch.nn.Module:
     holder.net = GPT(**{"block_size": 16, "n_layer": 5, "n_head": 2, "n_embd": 8, **net})
     block_params = sum(p.numel() for p in holder.net.blocks[0].parameters())
     policy = mixed_precision("32-true")
-    shard(holder, ["volt.nets.gpt.Block"], mesh, policy, True, blocks_a_group * block_params)
+    shard(holder, list(wrap), mesh, policy, True, blocks_a_group * block_params)
     return holder
 
 
@@ -328,6 +329,42 @@ def test_blocks_are_sharded_in_groups_of_at_least_min_group_params() -> None:
         assert groups(0) == [[0], [1], [2], [3], [4]]
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_a_wrap_class_inside_another_is_sharded_on_its_own_inside_its_group() -> None:
+    """wrap names the block and its MLP: blocks gather in pairs as without the MLP, and each
+    MLP is an FSDP unit of its own inside its block's group (gathered and freed by itself)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        wrap = ("volt.nets.gpt.Block", "volt.nets.gpt.MLP")
+        holder = sharded_gpt(2, mesh, wrap, vocab_size=16)
+        blocks = holder.net.blocks
+        states = [b._get_fsdp_state() if isinstance(b, FSDPModule) else None for b in blocks]
+        assert states[0] is states[1] and states[2] is states[3] and states[4] is None
+        assert states[0] is not states[2] is not None
+        for block in blocks:
+            assert isinstance(block.mlp, FSDPModule)
+            assert block.mlp._get_fsdp_state() not in states
+        for _ in range(2):
+            holder.net(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+        assert all(isinstance(p, DTensor) for p in holder.parameters())
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_parameter_two_layers_share_counts_once_towards_a_group() -> None:
+    from volt.strategies.fsdp import _groups
+
+    shared = torch.nn.Linear(10, 10)  # 110 parameters
+    first, second = torch.nn.Sequential(shared), torch.nn.Sequential(shared, torch.nn.Linear(1, 1))
+    assert _groups([first, second], 113) == []  # 110 + 2, not 110 + 112
+    assert _groups([first, second], 112) == [[first, second]]
 
 
 def test_a_negative_min_group_params_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -383,14 +420,47 @@ def test_grouped_blocks_train_exactly_as_blocks_sharded_alone(tmp_path: Path) ->
         torch.testing.assert_close(got, reference, msg=lambda m, key=key: f"{key}: {m}")
 
 
+class EncoderDecoder(torch.nn.Module):
+    """Three encoder blocks, then three decoder blocks, in one submodule; `encode_only` runs the
+    encoder alone (as an encoder-only loss or a retrieval step does)."""
+
+    def __init__(self, config: Any) -> None:
+        from volt.nets.gpt import Block
+
+        super().__init__()
+        self.encoder = torch.nn.Sequential(*(Block(config) for _ in range(3)))
+        self.decoder = torch.nn.Sequential(*(Block(config) for _ in range(3)))
+
+    def forward(self, x: Tensor, encode_only: bool = False) -> Tensor:
+        return self.encoder(x) if encode_only else self.decoder(self.encoder(x))
+
+
+def _with_teacher(student: torch.nn.Module, teacher: torch.nn.Module, x: Tensor) -> Tensor:
+    """A student's output against a frozen teacher's (run without gradients), the teacher then
+    moved towards the student by a momentum step, as self-distillation (BYOL, DINO) does."""
+    with torch.no_grad():
+        target = teacher(x)
+        for mine, theirs in zip(teacher.parameters(), student.parameters(), strict=True):
+            mine.mul_(0.9).add_(theirs.detach(), alpha=0.1)
+    return student(x) - target
+
+
 def _holders() -> dict[str, tuple[torch.nn.Module, Callable[[torch.nn.Module], Tensor]]]:
     """LightningModule-like holders whose layouts grouping must not break (a review found each
     one failing): a top-level ModuleList of blocks, a Sequential of blocks only, a net reached
-    through an alias of its blocks."""
+    through an alias of its blocks, a frozen teacher registered after its student, an encoder
+    and a decoder in one submodule whose forward may run the encoder alone."""
     from volt.nets.gpt import GPT, Block, GPTConfig
 
     config = GPTConfig(vocab_size=16, block_size=8, n_layer=3, n_head=2, n_embd=8)
     x = torch.randn(2, 8, 8)
+    taught = torch.nn.Module()
+    taught.student = torch.nn.Sequential(*(Block(config) for _ in range(3)))
+    taught.teacher = torch.nn.Sequential(*(Block(config) for _ in range(3)))
+    taught.teacher.requires_grad_(False)
+    coded = torch.nn.Module()
+    coded.model = EncoderDecoder(config)
+    steps = iter(range(1_000_000))
     listed = torch.nn.Module()
     listed.layers = torch.nn.ModuleList(Block(config) for _ in range(3))
     listed.head = torch.nn.Linear(8, 8)
@@ -404,10 +474,16 @@ def _holders() -> dict[str, tuple[torch.nn.Module, Callable[[torch.nn.Module], T
         "module list": (listed, lambda h: h.head(h.layers[2](h.layers[1](h.layers[0](x))))),
         "sequential": (chained, lambda h: h.body(x)),
         "alias": (aliased, lambda h: h.net(tokens)),
+        "teacher": (taught, lambda h: _with_teacher(h.student, h.teacher, x)),
+        # an encoder-only step, then whole ones
+        "encoder-decoder": (coded, lambda h: h.model(x, encode_only=next(steps) == 0)),
     }
 
 
-@pytest.mark.parametrize("layout", ["module list", "sequential", "alias"])
+LAYOUTS = ["module list", "sequential", "alias", "teacher", "encoder-decoder"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("min_group_params", [0, 1000, 100_000_000])
 def test_grouping_shards_every_layout_it_trains(layout: str, min_group_params: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh

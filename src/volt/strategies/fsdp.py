@@ -278,7 +278,7 @@ def shard(
     mesh: DeviceMesh,
     policy: MixedPrecisionPolicy,
     reshard_after_forward: bool,
-    min_group_params: int = 0,
+    min_group_params: int,
 ) -> None:
     """fully_shard the layers of the classes named in `wrap` a group at a time, then every
     top-level submodule over the parameters still unsharded in it.
@@ -293,9 +293,16 @@ def shard(
     is the threshold of torch's FSDP1 size-based wrapping policy: every block of the 1.2B
     gpt_1b pairs with the next, the 85M GPT is one group. 0 shards each layer on its own.
 
-    The last group (a net's last blocks) keeps its gathered weights after its forward whatever
-    `reshard_after_forward` says: backward starts with it, so freeing them would only gather
-    them again at once (torchtitan does the same).
+    A layer of a `wrap` class inside another one (an MLP named beside its block) is sharded on
+    its own first, inside its outer layer's group.
+
+    The last group that holds a trainable parameter (a net's last blocks) keeps its gathered
+    weights after its forward whatever `reshard_after_forward` says: backward starts with it, so
+    freeing them would only gather them again at once (torchtitan does the same). A frozen
+    network (a distillation teacher, whose weights need no gradient) is never kept: no backward
+    runs through it to free them, and its weights would stay whole, unlike the student's shards
+    that a momentum update mixes them with. A network whose weights still require gradients but
+    that runs only under `torch.no_grad()` must be frozen (`requires_grad_(False)`) for that.
 
     The top-level submodules are the roots, not the LightningModule: Lightning calls
     `training_step` directly, not through `__call__`, so hooks on the LightningModule would not
@@ -316,13 +323,19 @@ def shard(
     groups: list[list[nn.Module]] = []
     seen: set[int] = set()  # a layer reachable from two children (an alias) is sharded once
     for child in module.children():
-        layers = [layer for layer in _outermost(child, wrap) if id(layer) not in seen]
+        outer, inner = _wrapped(child, wrap)
+        for layer in reversed(inner):
+            if id(layer) not in seen:
+                fully_shard(layer, **options)
+        seen.update(id(layer) for layer in inner)
+        layers = [layer for layer in outer if id(layer) not in seen]
         seen.update(id(layer) for layer in layers)
         # A container that is never called itself (a ModuleList) can neither take a rest nor be
         # the root above groups: its layers are sharded one by one, as before grouping.
         groups += _groups(layers, min_group_params if _has_forward(child) else 0)
+    trained = [g for g in groups if any(p.requires_grad for m in g for p in m.parameters())]
     for group in reversed(groups):
-        kept = group is groups[-1]
+        kept = bool(trained) and group is trained[-1]
         fully_shard(
             group if len(group) > 1 else group[0],
             **{**options, "reshard_after_forward": reshard_after_forward and not kept},
@@ -341,21 +354,25 @@ def _has_forward(module: nn.Module) -> bool:
     return type(module).forward is not nn.Module.forward
 
 
-def _outermost(module: nn.Module, wrap: Sequence[str]) -> list[nn.Module]:
-    """The layers in `module` of a class named in `wrap` that are not inside another such layer."""
+def _wrapped(module: nn.Module, wrap: Sequence[str]) -> tuple[list[nn.Module], list[nn.Module]]:
+    """The layers in `module` of a class named in `wrap`: those not inside another such layer,
+    and those inside one."""
     layers = [layer for layer in module.modules() if _dotted(type(layer)) in wrap]
-    inner = {id(sub) for layer in layers for sub in layer.modules() if sub is not layer}
-    return [layer for layer in layers if id(layer) not in inner]
+    inside = {id(sub) for layer in layers for sub in layer.modules() if sub is not layer}
+    return [m for m in layers if id(m) not in inside], [m for m in layers if id(m) in inside]
 
 
 def _groups(layers: list[nn.Module], min_params: int) -> list[list[nn.Module]]:
-    """`layers` cut into runs of at least `min_params` parameters; a shorter rest is dropped."""
+    """`layers` cut into runs of at least `min_params` parameters (one tied to another layer's
+    counted once); a shorter rest is dropped."""
     groups: list[list[nn.Module]] = []
     run: list[nn.Module] = []
-    count = 0
+    count, counted = 0, set[int]()
     for layer in layers:
         run.append(layer)
-        count += sum(p.numel() for p in layer.parameters())
+        fresh = [p for p in layer.parameters() if id(p) not in counted]
+        counted.update(id(p) for p in fresh)
+        count += sum(p.numel() for p in fresh)
         if count >= min_params:
             groups.append(run)
             run, count = [], 0
