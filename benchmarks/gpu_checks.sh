@@ -131,9 +131,10 @@ case ${1:-tests} in
     ;;
   trace)  # issue #40: where volt's step goes beside bare Lightning's, for one perf.py row
           # (ROW="digits 32-true" or "cifar10_resnet bf16-mixed + CUDA graphs"): bare Lightning
-          # and volt, volt with each default callback left out, then cProfile and torch.profiler
-          # traces and the host's waits. Each result is appended to $out/trace_<row>.txt as it
-          # comes (a pipe's buffer lost all of them when a timeout struck, 2026-11-28).
+          # and volt, the host's waits, cProfile and torch.profiler traces (the synthetic side's
+          # too), then volt with each default callback left out (PARTS="" skips those). Each result is
+          # appended to $out/trace_<row>.txt as it comes (a pipe's buffer lost all of them when a
+          # timeout struck, 2026-11-28).
     row=${ROW:-digits 32-true}; tag=$(echo "$row" | tr -c 'a-z0-9\n' _); txt="$out/trace_$tag.txt"
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
     perf() { timeout -k 10 "${SIDE_TIMEOUT:-300}" python benchmarks/perf.py --data-root /tmp/data --only "$row" "$@" 2>>"$out/trace_$tag.err"; }
@@ -142,19 +143,27 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
     for side, r in json.loads(line)["results"].items():
         ms = r["ms"]; print(f"  {side}: {s.median(ms):.3f} ms/step, windows {[round(m, 3) for m in ms]}")'; }
     say() { echo "$@" | tee -a "$txt"; }
+    # The traces first: on 2026-11-28 the leave-one-out runs below took the whole call's time
+    # and moved the step by less than the runs' own noise. The lent machines send back at most 8
+    # files, so the traces' folders go back as one tarball.
     say "$row, both sides:"; perf --sides lightning volt | ms | tee -a "$txt"
-    parts=${PARTS:-model_summary progress_bar lr_monitor gpu_memory throughput grad_norm finite_guard graceful_shutdown garbage_collection}
-    for part in $parts; do
-      say "volt less callbacks.$part:"; perf --sides volt --extra "callbacks.$part=null" | ms | tee -a "$txt"
-    done
-    say "volt less its logger:"; perf --sides volt --extra logger=none | ms | tee -a "$txt"
-    # (not callbacks=none: perf.py sets callbacks.model_checkpoint, which that option lacks)
-    say "volt less all of these and its logger:"
-    perf --sides volt --extra $(printf 'callbacks.%s=null ' $parts) logger=none | ms | tee -a "$txt"
     perf --find-syncs --steps 20 | tee -a "$txt"
     perf --profile "$out/profile_$tag" > /dev/null
     perf --steps 20 --repeats 1 --trace "$out/trace_$tag" > /dev/null
+    perf --sides synthetic --steps 20 --repeats 1 --trace "$out/trace_$tag" > /dev/null
     head -qn 1 "$out/profile_$tag"/*.txt "$out/trace_$tag"/*.txt | tee -a "$txt"
+    gzip -f "$out/trace_$tag"/*.json
+    tar czf "$out/traces_$tag.tgz" -C "$out" --remove-files "profile_$tag" "trace_$tag"
+    parts=${PARTS-model_summary progress_bar lr_monitor gpu_memory throughput grad_norm finite_guard graceful_shutdown garbage_collection}
+    for part in $parts; do
+      say "volt less callbacks.$part:"; perf --sides volt --extra "callbacks.$part=null" | ms | tee -a "$txt"
+    done
+    if [ -n "$parts" ]; then
+      say "volt less its logger:"; perf --sides volt --extra logger=none | ms | tee -a "$txt"
+      # (not callbacks=none: perf.py sets callbacks.model_checkpoint, which that option lacks)
+      say "volt less all of these and its logger:"
+      perf --sides volt --extra $(printf 'callbacks.%s=null ' $parts) logger=none | ms | tee -a "$txt"
+    fi
     ;;
   syncs)  # where volt's configured training steps make the CPU wait for the GPU
     python benchmarks/perf.py --steps 20 --find-syncs 2>&1 | grep --line-buffered -vi warn \
