@@ -333,7 +333,8 @@ def test_blocks_are_sharded_in_groups_of_at_least_min_group_params() -> None:
 
 def test_a_wrap_class_inside_another_is_sharded_on_its_own_inside_its_group() -> None:
     """wrap names the block and its MLP: blocks gather in pairs as without the MLP, and each
-    MLP is an FSDP unit of its own inside its block's group (gathered and freed by itself)."""
+    MLP is an FSDP unit of its own inside its block's group (gathered and freed by itself, kept
+    gathered after forward with the last group)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
@@ -351,6 +352,11 @@ def test_a_wrap_class_inside_another_is_sharded_on_its_own_inside_its_group() ->
         for block in blocks:
             assert isinstance(block.mlp, FSDPModule)
             assert block.mlp._get_fsdp_state() not in states
+        holder.net(torch.zeros(1, 8, dtype=torch.long))
+        # after forward the last group keeps its weights for backward, its MLPs' too
+        for weights in ([b.mlp.fc.weight for b in blocks], [b.attn.proj.weight for b in blocks]):
+            gathered = [not isinstance(w, DTensor) for w in weights]
+            assert gathered == [False, False, True, True, False]
         for _ in range(2):
             holder.net(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
         assert all(isinstance(p, DTensor) for p in holder.parameters())
@@ -461,6 +467,11 @@ def _holders() -> dict[str, tuple[torch.nn.Module, Callable[[torch.nn.Module], T
     coded = torch.nn.Module()
     coded.model = EncoderDecoder(config)
     steps = iter(range(1_000_000))
+    probed = torch.nn.Module()
+    probed.probe = (
+        (net := GPT(vocab_size=16, block_size=8, n_layer=3, n_head=2, n_embd=8)).blocks[1].mlp
+    )  # an inner layer (when wrap names the MLP) reached first as a child of its own
+    probed.net = net
     listed = torch.nn.Module()
     listed.layers = torch.nn.ModuleList(Block(config) for _ in range(3))
     listed.head = torch.nn.Linear(8, 8)
@@ -477,15 +488,21 @@ def _holders() -> dict[str, tuple[torch.nn.Module, Callable[[torch.nn.Module], T
         "teacher": (taught, lambda h: _with_teacher(h.student, h.teacher, x)),
         # an encoder-only step, then whole ones
         "encoder-decoder": (coded, lambda h: h.model(x, encode_only=next(steps) == 0)),
+        "inner alias": (probed, lambda h: h.net(tokens)),
     }
 
 
-LAYOUTS = ["module list", "sequential", "alias", "teacher", "encoder-decoder"]
+LAYOUTS = ["module list", "sequential", "alias", "teacher", "encoder-decoder", "inner alias"]
+BLOCKS, BLOCKS_AND_MLPS = ["volt.nets.gpt.Block"], ["volt.nets.gpt.Block", "volt.nets.gpt.MLP"]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("min_group_params", [0, 1000, 100_000_000])
-def test_grouping_shards_every_layout_it_trains(layout: str, min_group_params: int) -> None:
+@pytest.mark.parametrize("reshard_after_forward", [True, False])
+@pytest.mark.parametrize("wrap", [BLOCKS, BLOCKS_AND_MLPS], ids=["blocks", "blocks+mlps"])
+def test_grouping_shards_every_layout_it_trains(
+    layout: str, min_group_params: int, reshard_after_forward: bool, wrap: list[str]
+) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
@@ -497,7 +514,7 @@ def test_grouping_shards_every_layout_it_trains(layout: str, min_group_params: i
     try:
         mesh = init_device_mesh("cpu", (1,))
         policy = mixed_precision("32-true")
-        shard(holder, ["volt.nets.gpt.Block"], mesh, policy, True, min_group_params)
+        shard(holder, wrap, mesh, policy, reshard_after_forward, min_group_params)
         for _ in range(2):  # a second step: FSDP's state after a whole step
             call(holder).sum().backward()
         assert all(isinstance(p, DTensor) for p in holder.parameters())

@@ -294,15 +294,16 @@ def shard(
     gpt_1b pairs with the next, the 85M GPT is one group. 0 shards each layer on its own.
 
     A layer of a `wrap` class inside another one (an MLP named beside its block) is sharded on
-    its own first, inside its outer layer's group.
+    its own first, inside its outer layer's group (and kept gathered with it).
 
     The last group that holds a trainable parameter (a net's last blocks) keeps its gathered
     weights after its forward whatever `reshard_after_forward` says: backward starts with it, so
-    freeing them would only gather them again at once (torchtitan does the same). A frozen
-    network (a distillation teacher, whose weights need no gradient) is never kept: no backward
-    runs through it to free them, and its weights would stay whole, unlike the student's shards
-    that a momentum update mixes them with. A network whose weights still require gradients but
-    that runs only under `torch.no_grad()` must be frozen (`requires_grad_(False)`) for that.
+    freeing them would only gather them again at once (torchtitan does the same). A top-level
+    submodule with no trainable weight (a frozen distillation teacher) frees its weights after
+    every forward, whatever `reshard_after_forward` says: no backward runs through it to free
+    them, and they would stay whole, unlike the student's shards that a momentum update mixes
+    them with. A network whose weights still require gradients but that runs only under
+    `torch.no_grad()` must be frozen (`requires_grad_(False)`) for that.
 
     The top-level submodules are the roots, not the LightningModule: Lightning calls
     `training_step` directly, not through `__call__`, so hooks on the LightningModule would not
@@ -320,33 +321,49 @@ def shard(
         "mp_policy": policy,
         "reshard_after_forward": reshard_after_forward,
     }
-    groups: list[list[nn.Module]] = []
-    seen: set[int] = set()  # a layer reachable from two children (an alias) is sharded once
-    for child in module.children():
-        outer, inner = _wrapped(child, wrap)
-        for layer in reversed(inner):
-            if id(layer) not in seen:
-                fully_shard(layer, **options)
-        seen.update(id(layer) for layer in inner)
+    children = list(module.children())
+    found = [_wrapped(child, wrap) for child in children]
+    # A child with no trainable weight (a frozen teacher) has no backward to free what its
+    # forward gathered: each of its units frees its weights after forward whatever
+    # `reshard_after_forward` says.
+    trained = [any(p.requires_grad for p in child.parameters()) for child in children]
+
+    def frees(child_trained: bool) -> dict[str, Any]:
+        return {**options, "reshard_after_forward": reshard_after_forward or not child_trained}
+
+    # A layer inside another wrap layer is sharded alone (before the groups: FSDP shards
+    # children before parents), once: one reached through an alias as a child's outer layer is
+    # still inside another.
+    inner: dict[int, tuple[nn.Module, bool]] = {}
+    for (_, layers), child_trained in zip(found, trained, strict=True):
+        for layer in layers:
+            inner.setdefault(id(layer), (layer, child_trained))
+    groups: list[tuple[list[nn.Module], bool]] = []
+    seen = set(inner)  # a layer reachable from two children (an alias) is sharded once
+    for child, (outer, _), child_trained in zip(children, found, trained, strict=True):
         layers = [layer for layer in outer if id(layer) not in seen]
         seen.update(id(layer) for layer in layers)
         # A container that is never called itself (a ModuleList) can neither take a rest nor be
         # the root above groups: its layers are sharded one by one, as before grouping.
-        groups += _groups(layers, min_group_params if _has_forward(child) else 0)
-    trained = [g for g in groups if any(p.requires_grad for m in g for p in m.parameters())]
-    for group in reversed(groups):
-        kept = bool(trained) and group is trained[-1]
-        fully_shard(
-            group if len(group) > 1 else group[0],
-            **{**options, "reshard_after_forward": reshard_after_forward and not kept},
-        )
-    for child in module.children():
+        runs = _groups(layers, min_group_params if _has_forward(child) else 0)
+        groups += [(run, child_trained) for run in runs]
+    learning = [g for g, _ in groups if any(p.requires_grad for m in g for p in m.parameters())]
+    kept = learning[-1] if learning else []
+    in_kept = {id(sub) for layer in kept for sub in layer.modules()}
+    keep = {"reshard_after_forward": False}
+    # the innermost first: a layer holds fewer modules than any layer around it
+    for layer, child_trained in sorted(inner.values(), key=lambda i: len(list(i[0].modules()))):
+        fully_shard(layer, **frees(child_trained) | (keep if id(layer) in in_kept else {}))
+    for group, child_trained in reversed(groups):
+        unit = frees(child_trained) | (keep if group is kept else {})
+        fully_shard(group if len(group) > 1 else group[0], **unit)
+    for child, child_trained in zip(children, trained, strict=True):
         grouped = any(isinstance(m, FSDPModule) for m in child.modules())
         unsharded = any(not isinstance(p, DTensor) for p in child.parameters())
         # A child whose layers were grouped is sharded too, parameters of its own or not: FSDP
         # needs one root above the groups it runs.
         if not isinstance(child, FSDPModule) and (unsharded or (grouped and _has_forward(child))):
-            fully_shard(child, **options)
+            fully_shard(child, **frees(child_trained))
 
 
 def _has_forward(module: nn.Module) -> bool:
