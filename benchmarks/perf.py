@@ -25,6 +25,7 @@ step ± the spread over windows, samples/s as a share of the synthetic side's, a
 import argparse
 import cProfile
 import io
+import itertools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -85,11 +87,14 @@ def row(workload: str, variant: str, overrides: list[str], warmup: int, workers:
     return dict(zip(keys, (workload, variant, overrides, warmup, workers), strict=True))
 
 
-# variant, compile mode, warm-up steps (they absorb compilation; with CUDA graphs, their capture)
+# variant, compile mode, warm-up steps: they absorb compilation, CUDA graphs' capture, and volt's
+# first logging step (cifar10_resnet and gpt_bytes log every 50): that step's first use of the
+# logging ops' kernels took 55 ms of host time once per process on an H200 (torch.profiler,
+# 2026-11-29), which had landed in the first timed window.
 CIFAR_MODES = (
-    ("bf16-mixed", "off", 30),
-    ("bf16-mixed + compile", "default", 30),
-    ("bf16-mixed + CUDA graphs", "reduce-overhead", 40),
+    ("bf16-mixed", "off", 60),
+    ("bf16-mixed + compile", "default", 60),
+    ("bf16-mixed + CUDA graphs", "reduce-overhead", 60),
 )
 
 
@@ -103,7 +108,7 @@ def rows_to_run(workload: str, tiny: bool, gpt_batches: list[int]) -> list[dict[
     if workload == "gpt":  # 12 layers, width 768, context 1024
         variant = "bf16-mixed + compile"
         gpt_rows = [["experiment=gpt_bytes", f"data.batch_size={batch}"] for batch in gpt_batches]
-        return [row("gpt_bytes", variant, overrides, 30) for overrides in gpt_rows]
+        return [row("gpt_bytes", variant, overrides, 60) for overrides in gpt_rows]
     if tiny:
         cnn = [*files, "model=cnn", "data.batch_size=16", "precision=bf16-mixed"]
         return [
@@ -149,8 +154,11 @@ class Clock(harness.Windows):
         super().__init__(warmup, steps, repeats, lambda: harness.synchronize(device))
         self.profiler: cProfile.Profile | None = None
         self.tracer: torch.profiler.profile | None = None
+        self.ticks: dict[int, float] = {}  # host clock at the end of each timed step
 
     def step_done(self, step: int) -> bool:
+        if self.first <= step <= self.last:
+            self.ticks[step] = time.perf_counter()
         marked = super().step_done(step)
         if marked and self.profiler is not None and step in (self.first, self.last):
             (self.profiler.enable if step == self.first else self.profiler.disable)()
@@ -336,8 +344,27 @@ def run_side(args: argparse.Namespace) -> None:
     if clock.tracer is not None:
         print_trace(clock.tracer, args.steps * args.repeats, Path(args.trace))
     result = {"ms": clock.ms_per_step(), "peak_mib": peak, "batch": cfg.data.batch_size}
+    result["host"] = host_steps(clock.ticks, cfg.trainer.log_every_n_steps)
     result |= {"tokens_per_step": tokens, "flops_per_token": flops, "peak_tflops": peak_tf}
     print(harness.result_line(result))
+
+
+def host_steps(ticks: dict[int, float], log_every: int) -> dict[str, Any]:
+    """The host's time per timed step, read without waiting for the device: where the host is
+    what bounds a step (CUDA graphs, small nets), the step's own time; elsewhere how far ahead the
+    host runs. Split into volt's logging steps (every `log_every`, where Lightning reads the logged
+    values and the callbacks do their periodic work) and the others; the five slowest steps."""
+    steps = sorted(ticks)
+    ms = {b: 1e3 * (ticks[b] - ticks[a]) for a, b in itertools.pairwise(steps)}
+    logging = [t for s, t in ms.items() if s % log_every == 0]
+    others = [t for s, t in ms.items() if s % log_every]
+    slowest = sorted(ms.items(), key=lambda item: -item[1])[:5]
+    return {
+        "median_ms": statistics.median(others) if others else None,
+        "logging_step_ms": statistics.median(logging) if logging else None,
+        "logging_steps": len(logging),
+        "slowest": [[s, round(t, 2)] for s, t in slowest],
+    }
 
 
 def print_profile(profiler: cProfile.Profile, steps: int, to: Path) -> None:
@@ -396,9 +423,37 @@ def measure(row: dict[str, Any], side: str, args: argparse.Namespace) -> dict[st
     return result | {"wall_s": done.wall_s}
 
 
+def measure_rounds(row: dict[str, Any], sides: list[str], args: argparse.Namespace) -> dict:
+    """Each side `--rounds` times, in turn forwards and backwards (A B C, C B A, ...): where the
+    host bounds a step, its speed drifts over minutes (one H200's host: a side's windows 8.9 to
+    13.3 ms in one run, 2026-11-29), so sides measured minutes apart differ by more than volt's
+    cost. A side's windows are pooled over the rounds; `paired` has volt's step over each other
+    side's within each round, which the drift between rounds leaves out."""
+    runs = []
+    for turn in range(args.rounds):
+        order = sides if turn % 2 == 0 else sides[::-1]
+        runs.append({side: measure(row, side, args) for side in order})
+    pooled = {
+        side: runs[0][side]
+        | {
+            "ms": [ms for run in runs for ms in run[side]["ms"]],
+            "host": [run[side]["host"] for run in runs],
+            "wall_s": sum(run[side]["wall_s"] for run in runs),
+        }
+        for side in sides
+    }
+    if "volt" in sides and args.rounds > 1:
+        medians = [{side: statistics.median(run[side]["ms"]) for side in sides} for run in runs]
+        pooled["volt"]["paired"] = {
+            side: [m["volt"] / m[side] for m in medians] for side in sides if side != "volt"
+        }
+    return pooled
+
+
 def summarise(row: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ms = {side: statistics.median(r["ms"]) for side, r in results.items()}
     first = next(iter(results.values()))
+    paired = results["volt"].get("paired")
     summary = {
         "workload": row["workload"],
         "variant": row["variant"],
@@ -407,11 +462,16 @@ def summarise(row: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[s
         "spread": {side: harness.spread(r["ms"]) for side, r in results.items()},
         "share_of_limit": {side: ms["synthetic"] / ms[side] for side in ms},
         "volt_over_plain_volt_data": ms["volt"] / ms["plain_volt_data"],
-        "volt_over_lightning": ms["volt"] / ms["lightning"],
+        # within each round where there were several (the host's drift left out), else pooled
+        "volt_over_lightning": statistics.median(paired["lightning"])
+        if paired
+        else ms["volt"] / ms["lightning"],
         "volt_over_plain_dataloader": (
             ms["volt"] / ms["plain_dataloader"] if "plain_dataloader" in ms else None
         ),
         "peak_mib": {side: r["peak_mib"] for side, r in results.items()},
+        "host": {side: r["host"] for side, r in results.items()},
+        "paired": paired,
         "wall_s": sum(r["wall_s"] for r in results.values()),
     }
     if first["tokens_per_step"]:
@@ -484,6 +544,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="steps per timed window (100; tiny: 4)")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows per side")
     parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="measure every side this many times, in alternating order; the table pools their"
+        " windows, and the JSON adds volt over each side within each round (`paired`)",
+    )  # fmt: skip
+    parser.add_argument(
         "--readme", nargs="?", const=str(README), help="rewrite this README's table"
     )
     parser.add_argument("--json", help="also write the rows here")
@@ -534,7 +599,7 @@ def main() -> None:
         row["overrides"] = [*row["overrides"], *args.extra]
         traced = args.profile or args.trace
         sides = ("lightning", "volt") if traced else GPT_SIDES if gpt else SIDES
-        results = {side: measure(row, side, args) for side in args.sides or sides}
+        results = measure_rounds(row, list(args.sides or sides), args)
         if traced or args.sides:
             print(json.dumps({"row": row, "results": results}), flush=True)
             continue

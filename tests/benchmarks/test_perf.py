@@ -5,7 +5,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -95,3 +95,45 @@ def test_each_row_is_judged_against_its_mode_and_the_workloads_fastest_mode(
     assert eager["misses"] == []  # 98% of its own mode's synthetic side
     assert graphs["misses"] == ["volt < 95% of synthetic"]  # 80%
     assert digits["misses"] == ["volt < 95% of synthetic", "volt slower than bare Lightning"]
+
+
+def test_rounds_alternate_the_sides_pool_their_windows_and_pair_volt_within_each(
+    load_benchmark: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    perf = load_benchmark("perf")
+    order: list[str] = []
+    # the host slows down between rounds: volt is 10% over bare Lightning within each round
+    speed = {"lightning": [5.0, 8.0, 6.0], "volt": [5.5, 8.8, 6.6]}
+
+    def measure(row: dict, side: str, args: object) -> dict:
+        order.append(side)
+        ms = speed[side][sum(s == side for s in order) - 1]
+        return {"ms": [ms, ms], "host": {"median_ms": ms}, "wall_s": 1.0, "batch": 8}
+
+    monkeypatch.setattr(perf, "measure", measure)
+    args = SimpleNamespace(rounds=3)
+    pooled = perf.measure_rounds({}, ["lightning", "volt"], args)
+    assert order == ["lightning", "volt", "volt", "lightning", "lightning", "volt"]
+    assert pooled["volt"]["ms"] == [5.5, 5.5, 8.8, 8.8, 6.6, 6.6]
+    assert [h["median_ms"] for h in pooled["lightning"]["host"]] == [5.0, 8.0, 6.0]
+    assert pooled["volt"]["paired"]["lightning"] == pytest.approx([1.1, 1.1, 1.1])
+    assert pooled["volt"]["wall_s"] == 3.0
+
+    order.clear()
+    one = perf.measure_rounds({}, ["lightning", "volt"], SimpleNamespace(rounds=1))
+    assert "paired" not in one["volt"]
+
+
+def test_host_steps_splits_logging_steps_from_the_others(
+    load_benchmark: Callable[[str], ModuleType],
+) -> None:
+    perf = load_benchmark("perf")
+    ticks, clock = {}, 0.0
+    for step in range(40, 61):  # 4 ms a step, 9 ms on the logging steps (every 10)
+        clock += 0.009 if step % 10 == 0 else 0.004
+        ticks[step] = clock
+    host = perf.host_steps(ticks, 10)
+    assert host["median_ms"] == pytest.approx(4.0)
+    assert host["logging_step_ms"] == pytest.approx(9.0)
+    assert host["logging_steps"] == 2  # 50 and 60 (40 is where the clock starts)
+    assert [step for step, _ in host["slowest"][:2]] in ([50, 60], [60, 50])

@@ -325,3 +325,28 @@ def test_a_parameter_group_added_during_training_is_checked(tmp_path: Path) -> N
         trainer(tmp_path, guard=guard, checkpoint_every_step=False).fit(model, batches())
     assert "gradient (NaN or inf) of parameter second.weight at" in str(raised.value)
     assert f"global step {BAD_STEP};" in str(raised.value)
+
+
+def test_the_steps_of_one_interval_flag_into_one_buffer_each_its_own_element() -> None:
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = FiniteGuard(check_every_n_steps=3)
+    guard.check_every_n_steps = 3
+    for step in range(2):  # two steps of the interval; the check comes at the third
+        model.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        if step == 1:
+            model.weight.grad[0, 0] = math.nan
+        trainer_now = SimpleNamespace(global_step=step)
+        guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
+        guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
+    flags = [s.found for s in guard._steps]
+    assert [f.item() for f in flags] == [0.0, 1.0]  # type: ignore[union-attr]
+    assert len({f.untyped_storage().data_ptr() for f in flags}) == 1  # type: ignore[union-attr]
+    guard._steps = []  # as a check leaves them: the next interval gets a fresh, zeroed buffer
+    model.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    trainer_now = SimpleNamespace(global_step=3)  # no check at it
+    guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
+    guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
+    assert guard._steps[0].found.item() == 0.0  # type: ignore[union-attr]
