@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
 # gpt, gpt-1b and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -164,6 +164,20 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
       say "volt less all of these and its logger:"
       perf --sides volt --extra $(printf 'callbacks.%s=null ' $parts) logger=none | ms | tee -a "$txt"
     fi
+    ;;
+  pairs)  # issue #40: volt's step over bare Lightning's, measured in rounds that alternate the
+          # two (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20% or more
+          # between runs minutes apart, so only sides measured side by side compare (2026-11-29)
+    python benchmarks/fake_cifar10.py /tmp/data > /dev/null
+    for row in "digits 32-true" "cifar10_resnet bf16-mixed + CUDA graphs"; do
+      python benchmarks/perf.py --data-root /tmp/data --only "$row" --sides lightning volt \
+        --steps 350 --repeats 3 --rounds 3 2>>"$out/pairs.err" | tee -a "$out/pairs.jsonl" \
+        | python -c 'import json,sys,statistics as s
+for r in map(json.loads, sys.stdin):
+    v = r["results"]["volt"]["paired"]["lightning"]
+    print(r["row"]["workload"], r["row"]["variant"], "volt / bare Lightning by round:",
+          [round(x, 3) for x in v], "median", round(s.median(v), 3))'
+    done
     ;;
   syncs)  # where volt's configured training steps make the CPU wait for the GPU
     python benchmarks/perf.py --steps 20 --find-syncs 2>&1 | grep --line-buffered -vi warn \
