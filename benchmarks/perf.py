@@ -154,11 +154,16 @@ class Clock(harness.Windows):
         super().__init__(warmup, steps, repeats, lambda: harness.synchronize(device))
         self.profiler: cProfile.Profile | None = None
         self.tracer: torch.profiler.profile | None = None
-        self.ticks: dict[int, float] = {}  # host clock at the end of each timed step
+        self.ticks: dict[int, float] = {}  # host clock once each timed step is wholly done
 
-    def step_done(self, step: int) -> bool:
+    def tick(self, step: int) -> None:
+        """The host's clock once `step` steps are done, all their work included: a Trainer's
+        side calls it as the next batch starts, after Lightning has read and written the logged
+        values (that comes after every on_train_batch_end)."""
         if self.first <= step <= self.last:
             self.ticks[step] = time.perf_counter()
+
+    def step_done(self, step: int) -> bool:
         marked = super().step_done(step)
         if marked and self.profiler is not None and step in (self.first, self.last):
             (self.profiler.enable if step == self.first else self.profiler.disable)()
@@ -169,7 +174,8 @@ class Clock(harness.Windows):
 
 def clock_callback(clock: Clock) -> pl.Callback:
     return LambdaCallback(
-        on_train_batch_end=lambda trainer, *_: clock.step_done(trainer.global_step)
+        on_train_batch_start=lambda trainer, *_: clock.tick(trainer.global_step),
+        on_train_batch_end=lambda trainer, *_: clock.step_done(trainer.global_step),
     )
 
 
@@ -258,6 +264,7 @@ def plain_loop(
     clock.step_done(0)
     for n in range(1, clock.total + 1):
         step(*next(batches))
+        clock.tick(n)
         clock.step_done(n)
     return model
 
@@ -344,20 +351,28 @@ def run_side(args: argparse.Namespace) -> None:
     if clock.tracer is not None:
         print_trace(clock.tracer, args.steps * args.repeats, Path(args.trace))
     result = {"ms": clock.ms_per_step(), "peak_mib": peak, "batch": cfg.data.batch_size}
-    result["host"] = host_steps(clock.ticks, cfg.trainer.log_every_n_steps)
+    result["host"] = host_steps(clock, cfg.trainer.log_every_n_steps)
     result |= {"tokens_per_step": tokens, "flops_per_token": flops, "peak_tflops": peak_tf}
     print(harness.result_line(result))
 
 
-def host_steps(ticks: dict[int, float], log_every: int) -> dict[str, Any]:
+def host_steps(clock: Clock, log_every: int | None) -> dict[str, Any]:
     """The host's time per timed step, read without waiting for the device: where the host is
     what bounds a step (CUDA graphs, small nets), the step's own time; elsewhere how far ahead the
     host runs. Split into volt's logging steps (every `log_every`, where Lightning reads the logged
-    values and the callbacks do their periodic work) and the others; the five slowest steps."""
-    steps = sorted(ticks)
-    ms = {b: 1e3 * (ticks[b] - ticks[a]) for a, b in itertools.pairwise(steps)}
-    logging = [t for s, t in ms.items() if s % log_every == 0]
-    others = [t for s, t in ms.items() if s % log_every]
+    values and the callbacks do their periodic work) and the others; the five slowest steps. The
+    steps at and after each window's edge are left out: the clock's wait for the device is there."""
+    edges = range(clock.first, clock.last + 1, clock.steps)
+    skipped = {*edges, *(edge + 1 for edge in edges)}
+    steps = sorted(clock.ticks)
+    ms = {
+        b: 1e3 * (clock.ticks[b] - clock.ticks[a])
+        for a, b in itertools.pairwise(steps)
+        if b not in skipped
+    }
+    logs = bool(log_every)  # 0 or None: volt logs nothing, no step is a logging step
+    logging = [t for s, t in ms.items() if logs and s % log_every == 0]  # type: ignore[operator]
+    others = [t for s, t in ms.items() if not logs or s % log_every]  # type: ignore[operator]
     slowest = sorted(ms.items(), key=lambda item: -item[1])[:5]
     return {
         "median_ms": statistics.median(others) if others else None,
@@ -406,10 +421,13 @@ def print_trace(tracer: torch.profiler.profile, steps: int, to: Path) -> None:
 # ---------------------------------------------------------------------- in the parent process
 
 
-def measure(row: dict[str, Any], side: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    row: dict[str, Any], side: str, args: argparse.Namespace, turn: int = 0
+) -> dict[str, Any]:
     # letters, digits, '.', '_' and '-' alone: files with a '+' did not come back from the GPU
     # machine (2026-11-28)
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{row['workload']}_{row['variant']}_{side}")
+    name += f"_round{turn + 1}" if args.rounds > 1 else ""  # each round's profile kept
     command = [sys.executable, __file__, "--side", side, "--row", json.dumps(row)]
     command += ["--steps", str(args.steps), "--repeats", str(args.repeats)]
     command += ["--data-root", args.data_root]
@@ -432,7 +450,7 @@ def measure_rounds(row: dict[str, Any], sides: list[str], args: argparse.Namespa
     runs = []
     for turn in range(args.rounds):
         order = sides if turn % 2 == 0 else sides[::-1]
-        runs.append({side: measure(row, side, args) for side in order})
+        runs.append({side: measure(row, side, args, turn) for side in order})
     pooled = {
         side: runs[0][side]
         | {
@@ -579,6 +597,8 @@ def main() -> None:
     parser.add_argument("--row", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.steps = args.steps or (4 if args.tiny else 100)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: measure every side at least once, e.g. --rounds 3")
     if args.side:
         run_side(args)
         return
@@ -616,7 +636,9 @@ def main() -> None:
         f" {about['lightning']}, by `python benchmarks/perf.py{' --tiny' if args.tiny else ''}`"
         f"{' --workload gpt' if gpt else ''} ({console.elapsed():.0f} s): "
         + ("training tokens/s (MFU: of the GPU's dense bf16 peak)" if gpt else "ms per step")
-        + f", median of {args.repeats} windows of {args.steps} steps, ± their spread."
+        + f", median of {args.repeats * args.rounds} windows of {args.steps} steps"
+        + (f" ({args.rounds} rounds of the sides in turn)" if args.rounds > 1 else "")
+        + ", ± their spread."
     )
     columns, align = COLUMNS[args.workload], "ll" + "r" * (len(COLUMNS[args.workload]) - 2)
     if not gpt:

@@ -105,7 +105,7 @@ def test_rounds_alternate_the_sides_pool_their_windows_and_pair_volt_within_each
     # the host slows down between rounds: volt is 10% over bare Lightning within each round
     speed = {"lightning": [5.0, 8.0, 6.0], "volt": [5.5, 8.8, 6.6]}
 
-    def measure(row: dict, side: str, args: object) -> dict:
+    def measure(row: dict, side: str, args: object, turn: int) -> dict:
         order.append(side)
         ms = speed[side][sum(s == side for s in order) - 1]
         return {"ms": [ms, ms], "host": {"median_ms": ms}, "wall_s": 1.0, "batch": 8}
@@ -127,13 +127,21 @@ def test_rounds_alternate_the_sides_pool_their_windows_and_pair_volt_within_each
 def test_host_steps_splits_logging_steps_from_the_others(
     load_benchmark: Callable[[str], ModuleType],
 ) -> None:
+    import torch
+
     perf = load_benchmark("perf")
-    ticks, clock = {}, 0.0
-    for step in range(40, 61):  # 4 ms a step, 9 ms on the logging steps (every 10)
-        clock += 0.009 if step % 10 == 0 else 0.004
-        ticks[step] = clock
-    host = perf.host_steps(ticks, 10)
+    clock = perf.Clock(torch.device("cpu"), warmup=40, steps=30, repeats=1)
+    now = 0.0
+    for step in range(40, 71):  # 4 ms a step, 9 ms on the logging steps (every 10)
+        now += 0.009 if step % 10 == 0 else 0.004
+        if step == 41:
+            now += 0.5  # the clock's wait for the device at the window's edge (step 40)
+        clock.ticks[step] = now
+    host = perf.host_steps(clock, 10)
     assert host["median_ms"] == pytest.approx(4.0)
     assert host["logging_step_ms"] == pytest.approx(9.0)
-    assert host["logging_steps"] == 2  # 50 and 60 (40 is where the clock starts)
-    assert [step for step, _ in host["slowest"][:2]] in ([50, 60], [60, 50])
+    assert host["logging_steps"] == 2  # 50 and 60 (41, 70 and 71 sit at the windows' edges)
+    assert sorted(step for step, _ in host["slowest"][:2]) == [50, 60]
+    nothing_logged = perf.host_steps(clock, 0)  # trainer.log_every_n_steps=0
+    assert nothing_logged["logging_steps"] == 0 and nothing_logged["logging_step_ms"] is None
+    assert nothing_logged["median_ms"] == pytest.approx(4.0)

@@ -350,3 +350,22 @@ def test_the_steps_of_one_interval_flag_into_one_buffer_each_its_own_element() -
     guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
     guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
     assert guard._steps[0].found.item() == 0.0  # type: ignore[union-attr]
+
+
+def test_the_flags_stay_float32_under_a_float64_default_dtype() -> None:
+    # precision=64-true makes float64 the default around the training step, where a manual
+    # optimizer step calls this hook; the fused check takes a float32 flag only.
+    model = nn.Linear(4, 4).double()
+    model(torch.randn(2, 4, dtype=torch.float64)).sum().backward()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = FiniteGuard(check_every_n_steps=2)
+    guard.check_every_n_steps = 2
+    step = SimpleNamespace(global_step=0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        guard.on_before_backward(step, model, torch.tensor(1.0))  # type: ignore[arg-type]
+        guard.on_before_optimizer_step(step, model, optimizer)  # type: ignore[arg-type]
+    finally:
+        torch.set_default_dtype(previous)
+    assert guard._steps[0].found.dtype == torch.float32  # type: ignore[union-attr]

@@ -163,7 +163,9 @@ class FiniteGuard(Callback):
         host time (torch.profiler, one H200, torch 2.11, 2026-11-29)."""
         slot = len(self._steps) % self.check_every_n_steps
         if slot == 0 or self._flags is None or self._flags.device != device:
-            self._flags = torch.zeros(self.check_every_n_steps, device=device)
+            # float32 whatever the default dtype (precision=64-true sets float64 around the
+            # training step, where a manual optimizer step reaches this): the kernel wants float
+            self._flags = torch.zeros(self.check_every_n_steps, dtype=torch.float32, device=device)
         return self._flags[slot : slot + 1]
 
     def _one(self, device: torch.device) -> Tensor:
