@@ -1,0 +1,113 @@
+"""What each of volt's callbacks costs a training step on the host, hook by hook.
+
+    python benchmarks/hook_cost.py                                 # digits on the CPU, a minute
+    python benchmarks/hook_cost.py --device cuda                   # on the GPU machine's host
+    python benchmarks/hook_cost.py --every-step                    # every step a logging step
+    python benchmarks/hook_cost.py experiment=cifar10_resnet data.root=/tmp/data   # any config
+
+volt's training run as `python train.py` builds it (less validation and checkpoints, as perf.py
+measures it), with every per-batch and epoch hook of every callback, the module's training_step,
+Lightning's logger connector and each logger's writes wrapped in a host clock. Prints each one's
+microseconds a step (its total over the steps, divided by them) and its calls a step, largest
+first, beside the fit's own microseconds a step. Nothing waits for the GPU: a hook that queues
+GPU work is charged only for queueing it, a hook that reads a GPU value for that wait. Where the
+host bounds the step (small nets, CUDA graphs) these are what the step costs; compare them with
+perf.py's host split (its `host` field) and docs/performance.md.
+"""
+
+import argparse
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import harness  # benchmarks/, the folder of this script, is first on sys.path
+from omegaconf import OmegaConf
+
+EPOCH_HOOKS = ("on_train_epoch_start", "on_train_epoch_end")
+LOGGER_CONNECTOR = ("on_batch_start", "update_train_step_metrics", "on_batch_end")
+
+
+class HookClock:
+    """Nanoseconds and calls per wrapped callable, by name."""
+
+    def __init__(self) -> None:
+        self.ns: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+
+    def wrap(self, owner: object, attribute: str, name: str) -> None:
+        """Replaces `owner.attribute` (a callable) on the instance with a timed one."""
+        inner: Callable[..., Any] = getattr(owner, attribute)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.ns[name] += time.perf_counter_ns() - start
+                self.calls[name] += 1
+
+        setattr(owner, attribute, timed)
+
+
+def timed_fit(overrides: list[str], steps: int) -> tuple[HookClock, float]:
+    """Fits volt's config with `overrides` for `steps` optimizer steps; the hooks' clock, and the
+    fit's seconds (its start-up included, so only a long run's seconds a step are meaningful)."""
+    from lightning.pytorch.callbacks import Callback
+
+    from volt.build import PER_BATCH_HOOKS, build_training
+
+    cfg = harness.compose(
+        [
+            *overrides,
+            f"trainer.max_steps={steps}",
+            "trainer.max_epochs=100000",
+            "trainer.limit_val_batches=0",
+            "trainer.num_sanity_val_steps=0",
+            "callbacks.model_checkpoint=null",
+            "callbacks.last_checkpoint=null",
+            "callbacks.early_stopping=null",
+            f"paths.output_dir={tempfile.mkdtemp(prefix='volt-hooks-')}",
+        ]
+    )
+    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    clock = HookClock()
+    trainer = built.trainer
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        for hook in (*PER_BATCH_HOOKS, *EPOCH_HOOKS):
+            fn = getattr(callback, hook, None)  # volt sets the inherited empty ones None
+            if callable(fn) and getattr(fn, "__func__", None) is not getattr(Callback, hook):
+                clock.wrap(callback, hook, f"{type(callback).__name__}.{hook}")
+    clock.wrap(built.model, "training_step", "module.training_step (every side has it)")
+    for method in LOGGER_CONNECTOR:
+        clock.wrap(trainer._logger_connector, method, f"Lightning's logger connector.{method}")
+    for logger in trainer.loggers:
+        for method in ("log_metrics", "save"):
+            clock.wrap(logger, method, f"{type(logger).__name__}.{method}")
+    start = time.perf_counter()
+    trainer.fit(built.model, datamodule=built.datamodule)
+    return clock, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("overrides", nargs="*", help="config overrides, as for train.py")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps to fit")
+    parser.add_argument(
+        "--every-step", action="store_true",
+        help="log at every step (trainer.log_every_n_steps=1): what a logging step costs",
+    )  # fmt: skip
+    args = parser.parse_intermixed_args()  # overrides before and after the options
+    trainer = "trainer=gpu" if args.device == "cuda" else "trainer=cpu"
+    overrides = [trainer, *(["trainer.log_every_n_steps=1"] if args.every_step else [])]
+    clock, seconds = timed_fit([*overrides, *args.overrides], args.steps)
+    print(f"the fit: {1e6 * seconds / args.steps:,.0f} µs a step over {args.steps} steps")
+    for name, ns in clock.ns.most_common():
+        calls = clock.calls[name] / args.steps
+        print(f"{ns / 1e3 / args.steps:9.1f} µs a step  {calls:5.2f} calls a step  {name}")
+
+
+if __name__ == "__main__":
+    main()
