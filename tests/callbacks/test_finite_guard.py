@@ -369,3 +369,28 @@ def test_the_flags_stay_float32_under_a_float64_default_dtype() -> None:
     finally:
         torch.set_default_dtype(previous)
     assert guard._steps[0].found.dtype == torch.float32  # type: ignore[union-attr]
+
+
+def test_a_long_interval_takes_its_flags_a_bounded_buffer_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from volt.callbacks import finite_guard
+
+    monkeypatch.setattr(finite_guard, "FLAGS_AT_ONCE", 2)
+    model = nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = FiniteGuard(check_every_n_steps=10**9)
+    guard.check_every_n_steps = 10**9  # as on_fit_start sets it
+    for step in range(5):
+        model.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        if step == 3:
+            model.weight.grad[0, 0] = math.inf
+        trainer_now = SimpleNamespace(global_step=step)
+        guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
+        guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
+    flags = [s.found for s in guard._steps]
+    assert [f.item() for f in flags] == [0.0, 0.0, 0.0, 1.0, 0.0]  # type: ignore[union-attr]
+    buffers = [f.untyped_storage() for f in flags]  # type: ignore[union-attr]
+    assert {b.nbytes() for b in buffers} == {8}  # two float32 flags each, not 10**9
+    assert len({b.data_ptr() for b in buffers}) == 3

@@ -21,6 +21,9 @@ FIXES = (
 )
 
 
+FLAGS_AT_ONCE = 1024  # the most steps' flags one buffer holds (4 KiB)
+
+
 class NonFiniteLossError(VerdictOfAllRanksError):
     """The loss or a gradient held NaN or inf; str(error) says at which step, where, what to try.
 
@@ -160,12 +163,14 @@ class FiniteGuard(Callback):
         """A (1,) float32 zero for this step's flag: the next element of a buffer made zeroed
         once per check interval. A fresh zero tensor a step was three ops (empty, zero_, fill_)
         and a kernel; on digits' host-bound GPU step FiniteGuard's part of the step was mostly
-        host time (torch.profiler, one H200, torch 2.11, 2026-11-29)."""
-        slot = len(self._steps) % self.check_every_n_steps
+        host time (torch.profiler, one H200, torch 2.11, 2026-11-29). At most FLAGS_AT_ONCE
+        elements: a long interval (check_every_n_steps=10**9) takes a new buffer when one fills."""
+        size = min(self.check_every_n_steps, FLAGS_AT_ONCE)
+        slot = len(self._steps) % size
         if slot == 0 or self._flags is None or self._flags.device != device:
             # float32 whatever the default dtype (precision=64-true sets float64 around the
             # training step, where a manual optimizer step reaches this): the kernel wants float
-            self._flags = torch.zeros(self.check_every_n_steps, dtype=torch.float32, device=device)
+            self._flags = torch.zeros(size, dtype=torch.float32, device=device)
         return self._flags[slot : slot + 1]
 
     def _one(self, device: torch.device) -> Tensor:
