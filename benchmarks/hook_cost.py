@@ -1,13 +1,13 @@
 """What each of volt's callbacks costs a training step on the host, hook by hook.
 
-    python benchmarks/hook_cost.py                                 # digits on the CPU, a minute
-    python benchmarks/hook_cost.py --device cuda                   # on the GPU machine's host
+    python benchmarks/hook_cost.py                                 # digits, on the GPU if any
     python benchmarks/hook_cost.py --every-step                    # every step a logging step
     python benchmarks/hook_cost.py experiment=cifar10_resnet data.root=/tmp/data   # any config
 
-volt's training run as `python train.py` builds it (less validation and checkpoints, as perf.py
-measures it), with every per-batch and epoch hook of every callback, the module's training_step,
-Lightning's logger connector and each logger's writes wrapped in a host clock. Prints each one's
+volt's training run as `python train.py` builds it, on the GPU where there is one, less
+validation and checkpoints (perf.py's config for its volt side), with every per-batch and epoch
+hook of every callback, the module's training_step, Lightning's logger connector and each
+logger's writes wrapped in a host clock. Prints each one's
 microseconds a step (its total over the steps, divided by them) and its calls a step, largest
 first, beside the fit's own microseconds a step. Nothing waits for the GPU: a hook that queues
 GPU work is charged only for queueing it, a hook that reads a GPU value for that wait. Where the
@@ -16,13 +16,12 @@ perf.py's host split (its `host` field) and docs/performance.md.
 """
 
 import argparse
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import harness  # benchmarks/, the folder of this script, is first on sys.path
+import perf  # benchmarks/, the folder of this script, is first on sys.path
 from omegaconf import OmegaConf
 
 EPOCH_HOOKS = ("on_train_epoch_start", "on_train_epoch_end")
@@ -58,19 +57,7 @@ def timed_fit(overrides: list[str], steps: int) -> tuple[HookClock, float]:
 
     from volt.build import PER_BATCH_HOOKS, build_training
 
-    cfg = harness.compose(
-        [
-            *overrides,
-            f"trainer.max_steps={steps}",
-            "trainer.max_epochs=100000",
-            "trainer.limit_val_batches=0",
-            "trainer.num_sanity_val_steps=0",
-            "callbacks.model_checkpoint=null",
-            "callbacks.last_checkpoint=null",
-            "callbacks.early_stopping=null",
-            f"paths.output_dir={tempfile.mkdtemp(prefix='volt-hooks-')}",
-        ]
-    )
+    cfg = perf.compose_config(overrides, data_root="", steps=steps)  # as perf.py's volt side
     built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     clock = HookClock()
     trainer = built.trainer
@@ -93,16 +80,14 @@ def timed_fit(overrides: list[str], steps: int) -> tuple[HookClock, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, as for train.py")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps to fit")
     parser.add_argument(
         "--every-step", action="store_true",
         help="log at every step (trainer.log_every_n_steps=1): what a logging step costs",
     )  # fmt: skip
     args = parser.parse_intermixed_args()  # overrides before and after the options
-    trainer = "trainer=gpu" if args.device == "cuda" else "trainer=cpu"
-    overrides = [trainer, *(["trainer.log_every_n_steps=1"] if args.every_step else [])]
-    clock, seconds = timed_fit([*overrides, *args.overrides], args.steps)
+    every_step = ["trainer.log_every_n_steps=1"] if args.every_step else []
+    clock, seconds = timed_fit([*every_step, *args.overrides], args.steps)
     print(f"the fit: {1e6 * seconds / args.steps:,.0f} µs a step over {args.steps} steps")
     for name, ns in clock.ns.most_common():
         calls = clock.calls[name] / args.steps

@@ -133,7 +133,7 @@ def compose_config(overrides: list[str], data_root: str, steps: int) -> DictConf
     return harness.compose(
         [
             "trainer=gpu" if torch.cuda.is_available() else "trainer=cpu",
-            *(o.format(data_root=data_root) for o in overrides),
+            *(o.replace("{data_root}", data_root) for o in overrides),  # ${...} left alone
             f"trainer.max_steps={steps}",
             "trainer.max_epochs=1000",  # max_steps ends it (an LR schedule may read this)
             "trainer.limit_val_batches=0",
@@ -370,9 +370,9 @@ def host_steps(clock: Clock, log_every: int | None) -> dict[str, Any]:
         for a, b in itertools.pairwise(steps)
         if b not in skipped
     }
-    logs = bool(log_every)  # 0 or None: volt logs nothing, no step is a logging step
-    logging = [t for s, t in ms.items() if logs and s % log_every == 0]  # type: ignore[operator]
-    others = [t for s, t in ms.items() if not logs or s % log_every]  # type: ignore[operator]
+    every = log_every or 0  # 0 or None: volt logs nothing, no step is a logging step
+    logging = [t for s, t in ms.items() if every and s % every == 0]
+    others = [t for s, t in ms.items() if not every or s % every]
     slowest = sorted(ms.items(), key=lambda item: -item[1])[:5]
     return {
         "median_ms": statistics.median(others) if others else None,

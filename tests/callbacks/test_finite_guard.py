@@ -327,28 +327,35 @@ def test_a_parameter_group_added_during_training_is_checked(tmp_path: Path) -> N
     assert f"global step {BAD_STEP};" in str(raised.value)
 
 
+def guarded_step(
+    guard: FiniteGuard,
+    model: nn.Linear,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    bad: float | None = None,
+) -> None:
+    """One optimizer step's hooks of `guard` (no Trainer), its first weight's gradient `bad`."""
+    model.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    if bad is not None:
+        model.weight.grad[0, 0] = bad  # type: ignore[index]
+    trainer_now = SimpleNamespace(global_step=step)
+    guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
+    guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
+
+
 def test_the_steps_of_one_interval_flag_into_one_buffer_each_its_own_element() -> None:
     model = nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = FiniteGuard(check_every_n_steps=3)
     guard.check_every_n_steps = 3
     for step in range(2):  # two steps of the interval; the check comes at the third
-        model.zero_grad()
-        model(torch.randn(2, 4)).sum().backward()
-        if step == 1:
-            model.weight.grad[0, 0] = math.nan
-        trainer_now = SimpleNamespace(global_step=step)
-        guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
-        guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
+        guarded_step(guard, model, optimizer, step, bad=math.nan if step == 1 else None)
     flags = [s.found for s in guard._steps]
     assert [f.item() for f in flags] == [0.0, 1.0]  # type: ignore[union-attr]
     assert len({f.untyped_storage().data_ptr() for f in flags}) == 1  # type: ignore[union-attr]
     guard._steps = []  # as a check leaves them: the next interval gets a fresh, zeroed buffer
-    model.zero_grad()
-    model(torch.randn(2, 4)).sum().backward()
-    trainer_now = SimpleNamespace(global_step=3)  # no check at it
-    guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
-    guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
+    guarded_step(guard, model, optimizer, 3)  # no check at step 3
     assert guard._steps[0].found.item() == 0.0  # type: ignore[union-attr]
 
 
@@ -382,13 +389,7 @@ def test_a_long_interval_takes_its_flags_a_bounded_buffer_at_a_time(
     guard = FiniteGuard(check_every_n_steps=10**9)
     guard.check_every_n_steps = 10**9  # as on_fit_start sets it
     for step in range(5):
-        model.zero_grad()
-        model(torch.randn(2, 4)).sum().backward()
-        if step == 3:
-            model.weight.grad[0, 0] = math.inf
-        trainer_now = SimpleNamespace(global_step=step)
-        guard.on_before_backward(trainer_now, model, torch.tensor(1.0))  # type: ignore[arg-type]
-        guard.on_before_optimizer_step(trainer_now, model, optimizer)  # type: ignore[arg-type]
+        guarded_step(guard, model, optimizer, step, bad=math.inf if step == 3 else None)
     flags = [s.found for s in guard._steps]
     assert [f.item() for f in flags] == [0.0, 0.0, 0.0, 1.0, 0.0]  # type: ignore[union-attr]
     buffers = [f.untyped_storage() for f in flags]  # type: ignore[union-attr]
