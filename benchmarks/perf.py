@@ -12,7 +12,10 @@ process crashed inductor's kernel launcher on torch 2.11: "CUDA driver error: in
                     normalises a sample at a time, a DataLoader with workers and pinned memory.
 - plain, volt data: a plain loop fed by volt's batches (on a GPU: the data set held there and
                     augmented whole batches at a time, as `data.on_device` picks).
-- bare Lightning:   volt's modules in a Trainer with no callbacks, logger or checkpoints.
+- bare Lightning:   volt's modules in a Trainer with no callbacks, logger or checkpoints, at
+                    volt's logging interval (`trainer.log_every_n_steps`, where the modules log
+                    their loss and Lightning reads it: Lightning's default of 50 would compare
+                    volt logging every 10 steps with Lightning logging every 50).
 - volt:             the Trainer, callbacks and logger volt builds from `conf/`, as `python
                     train.py` runs it, less validation, checkpoints and early stopping (no other
                     side saves or validates; digits' epochs are 19 steps).
@@ -289,8 +292,9 @@ def bare_fit(cfg: DictConfig, clock: Clock, device: torch.device) -> pl.Lightnin
         accelerator=device.type if device.type == "cpu" else "gpu", devices=1,
         precision=cfg.precision, gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
         max_steps=clock.total, max_epochs=1000, limit_val_batches=0, num_sanity_val_steps=0,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[clock_callback(clock)],
+        log_every_n_steps=cfg.trainer.log_every_n_steps, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[clock_callback(clock)],
     )  # fmt: skip
     trainer.fit(model, datamodule=datamodule)
     return model

@@ -67,6 +67,10 @@ def metric_rows(metrics_file: Path, name: str) -> dict[int, float]:
         return {int(row["step"]): float(row[name]) for row in csv.DictReader(file) if row.get(name)}
 
 
+def slow_walk(*args: Any) -> None:
+    raise AssertionError("torch.cuda.memory_stats and what calls it flatten every statistic")
+
+
 class FakeCudaMemory:
     """Stands in for the caching allocator's statistics, per device index."""
 
@@ -77,7 +81,7 @@ class FakeCudaMemory:
         self.peak_allocated = dict(self.allocated)
         self.peak_reserved = dict(self.reserved)
         self.resets = 0
-        self.walks = 0  # memory_stats calls: each walks all of the allocator's statistics
+        self.walks = 0  # reads of the allocator's statistics
 
     def spike(self, index: int, gib: float) -> None:
         """A transient activation peak that is freed again before the batch ends."""
@@ -89,20 +93,23 @@ class FakeCudaMemory:
         self.peak_reserved[device.index] = self.reserved[device.index]
         self.resets += 1
 
-    def memory_stats(self, device: torch.device) -> dict[str, int]:
+    def memory_stats_as_nested_dict(self, device: torch.device) -> dict[str, Any]:
         self.walks += 1
         index = device.index
         return {
-            "allocated_bytes.all.current": self.allocated[index],
-            "reserved_bytes.all.current": self.reserved[index],
-            "allocated_bytes.all.peak": self.peak_allocated[index],
+            "allocated_bytes": {
+                "all": {"current": self.allocated[index], "peak": self.peak_allocated[index]}
+            },
+            "reserved_bytes": {
+                "all": {"current": self.reserved[index], "peak": self.peak_reserved[index]}
+            },
         }
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        by_index = lambda stats: lambda device: stats[device.index]  # noqa: E731
-        monkeypatch.setattr(torch.cuda, "memory_stats", self.memory_stats)
-        monkeypatch.setattr(torch.cuda, "max_memory_allocated", by_index(self.peak_allocated))
-        monkeypatch.setattr(torch.cuda, "max_memory_reserved", by_index(self.peak_reserved))
+        nested = self.memory_stats_as_nested_dict
+        monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", nested)
+        for flattening in ["memory_stats", "max_memory_allocated", "max_memory_reserved"]:
+            monkeypatch.setattr(torch.cuda, flattening, slow_walk)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.reset_peak_memory_stats)
         monkeypatch.setattr(
             torch.cuda,
@@ -145,7 +152,7 @@ def test_inert_on_cpu(
     def no_cuda(*args: Any) -> None:
         raise AssertionError("GPUMemoryMonitor queried CUDA on a CPU run")
 
-    for name in ["memory_stats", "max_memory_allocated", "reset_peak_memory_stats"]:
+    for name in ["memory_stats_as_nested_dict", "memory_stats", "reset_peak_memory_stats"]:
         monkeypatch.setattr(torch.cuda, name, no_cuda)
 
     with caplog.at_level(logging.DEBUG, logger="volt.callbacks.gpu_memory"):
@@ -179,7 +186,8 @@ def test_logs_with_the_trainers_metrics_and_resets_peaks_each_epoch(
         7: 1.5,
     }
     assert fake_cuda.resets == 2
-    assert fake_cuda.walks == 4  # one walk of the allocator's statistics per logging step
+    # One read of the allocator's statistics per logging step (4), epoch start (2) and at the end
+    assert fake_cuda.walks == 7
 
     # The summary keeps the peak over the whole fit: epoch 0's 3 GiB (3.5 GiB reserved).
     out = capsys.readouterr().out
@@ -279,3 +287,19 @@ def test_the_monitor_in_conf_logs_a_gpu_run(
         Path(cfg.paths.output_dir) / "csv" / "metrics.csv", "gpu_mem/cuda0_peak_allocated_gib"
     )
     assert peaks and min(peaks.values()) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_one_read_of_the_allocator_gives_what_torch_cuda_reports() -> None:
+    from volt.callbacks.gpu_memory import _allocator_bytes
+
+    device = torch.device("cuda", 0)
+    held = torch.empty(3 * 2**20, device=device)  # noqa: F841  # 12 MiB live
+    assert _allocator_bytes(device) == (
+        torch.cuda.memory_allocated(device),
+        torch.cuda.memory_reserved(device),
+        torch.cuda.max_memory_allocated(device),
+        torch.cuda.max_memory_reserved(device),
+    )
+    assert _allocator_bytes(device)[0] >= 12 * 2**20

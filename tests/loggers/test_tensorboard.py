@@ -47,3 +47,55 @@ def test_the_event_file_is_not_flushed_at_each_logging_step(
     lightning = LightningTensorBoardLogger
     flushes, _ = fit_counting_flushes(tmp_path / "lightning", lightning, monkeypatch)
     assert flushes >= len(steps)
+
+
+def events_with_values(log_dir: Path) -> list[dict[str, float]]:
+    """Each event of the run's event files that holds scalars: its values by tag (the loader
+    turns each `simple_value` into a one-element tensor, as TensorBoard reads it)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    events = []
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            values = {v.tag: v.tensor.float_val[0] for v in event.summary.value}
+            if values:
+                events.append(values)
+    return events
+
+
+@pytest.mark.parametrize("logger_class", [TensorBoardLogger, LightningTensorBoardLogger])
+def test_the_numbers_of_one_call_are_one_event(
+    tmp_path: Path, logger_class: type[LightningTensorBoardLogger]
+) -> None:
+    import torch
+
+    logger = logger_class(tmp_path, name="", version="", prefix="fit", default_hp_metric=False)
+    logger.log_metrics({"a": 1.5, "b": torch.tensor(2.0), "c": 3}, step=7)
+    logger.log_metrics({"a": float("nan")}, step=8)
+    logger.finalize("success")
+    events = events_with_values(Path(logger.log_dir))
+    if logger_class is LightningTensorBoardLogger:  # control: an event per number
+        assert [sorted(e) for e in events] == [["fit-a"], ["fit-b"], ["fit-c"], ["fit-a"]]
+        return
+    assert events[0] == {"fit-a": 1.5, "fit-b": 2.0, "fit-c": 3.0}
+    assert list(events[1]) == ["fit-a"] and events[1]["fit-a"] != events[1]["fit-a"]  # NaN
+    accumulator = EventAccumulator(str(logger.log_dir))
+    accumulator.Reload()
+    assert [(p.step, p.value) for p in accumulator.Scalars("fit-b")] == [(7, 2.0)]
+
+
+def test_a_dict_of_numbers_is_written_as_lightning_writes_it(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path, name="", version="", default_hp_metric=False)
+    logger.log_metrics({"loss": {"train": 1.0, "val": 2.0}, "lr": 0.1}, step=3)
+    logger.finalize("success")
+    log_dir = Path(logger.log_dir)
+    assert events_with_values(log_dir) == [{"lr": pytest.approx(0.1)}]
+    # add_scalars writes each of a dict's numbers under a folder of its own
+    groups = sorted(p.name for p in log_dir.iterdir() if p.is_dir())
+    assert groups == ["loss_train", "loss_val"]
+
+
+def test_a_value_that_is_no_number_is_refused_in_one_line(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path, name="", version="", default_hp_metric=False)
+    with pytest.raises(ValueError, match=r"^logger=tensorboard cannot write note='high': log a"):
+        logger.log_metrics({"note": "high"}, step=1)
