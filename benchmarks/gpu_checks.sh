@@ -168,15 +168,18 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
   pairs)  # issue #40: volt's step over bare Lightning's, measured in rounds that alternate the
           # two (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20% or more
           # between runs minutes apart, so only sides measured side by side compare (2026-11-29)
+    # (the eager ResNet beside its synthetic side too: 95% of it is issue #40's target there)
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
-    for row in "digits 32-true" "cifar10_resnet bf16-mixed + CUDA graphs"; do
-      python benchmarks/perf.py --data-root /tmp/data --only "$row" --sides lightning volt \
-        --steps 350 --repeats 3 --rounds 3 2>>"$out/pairs.err" | tee -a "$out/pairs.jsonl" \
+    for row in "digits 32-true" "cifar10_resnet bf16-mixed" "cifar10_resnet bf16-mixed + CUDA graphs"; do
+      sides="lightning volt"; [ "$row" = "cifar10_resnet bf16-mixed" ] && sides="synthetic $sides"
+      timeout -k 10 "${ROW_TIMEOUT:-300}" python benchmarks/perf.py --data-root /tmp/data \
+        --only "$row" --sides $sides --steps "${STEPS:-200}" --repeats "${REPEATS:-5}" \
+        --rounds "${ROUNDS:-3}" 2>>"$out/pairs.err" | tee -a "$out/pairs.jsonl" \
         | python -c 'import json,sys,statistics as s
-for r in map(json.loads, sys.stdin):
-    v = r["results"]["volt"]["paired"]["lightning"]
-    print(r["row"]["workload"], r["row"]["variant"], "volt / bare Lightning by round:",
-          [round(x, 3) for x in v], "median", round(s.median(v), 3))'
+for r in map(json.loads, filter(lambda line: line.startswith("{"), sys.stdin)):
+    for side, v in r["results"]["volt"]["paired"].items():
+        print(r["row"]["workload"], r["row"]["variant"], f"volt / {side} by round:",
+              [round(x, 3) for x in v], "median", round(s.median(v), 3))'
     done
     ;;
   syncs)  # where volt's configured training steps make the CPU wait for the GPU
