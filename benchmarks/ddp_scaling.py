@@ -86,6 +86,8 @@ def plain_rank(
     datamodule.setup()
     model = build_model(cfg.model, datamodule, cfg.task.from_data)  # its net and optimiser
     net: nn.Module = model.net.to(device)
+    if args.channels_last:  # as volt's channels_last=true lays out the weights
+        net = net.to(memory_format=torch.channels_last)
     if args.sync_bn == "torch" and world > 1:
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
     elif args.sync_bn == "volt" and world > 1:
@@ -145,7 +147,8 @@ def run_volt(
         f"data.root={args.root}", "precision=bf16-mixed", f"data.num_workers={args.workers}",
         *batch_override(args, gpus), f"trainer.max_epochs={args.epochs}",
         f"compile={compile_mode}", "test=false", "callbacks.progress_bar=null",
-        f"paths.outputs_dir={args.outputs}", *args.volt_overrides,
+        f"paths.outputs_dir={args.outputs}", f"channels_last={str(args.channels_last).lower()}",
+        *args.volt_overrides,
     ]  # fmt: skip
     log = Path(args.logs, f"volt-{strategy}-{compile_mode}-{gpus}.log")
     harness.run_fresh(command, log, cwd=REPO).check(command)
@@ -207,6 +210,11 @@ def main() -> None:
         help="BatchNorm in the plain/synthetic loops and volt's ddp (volt_syncbn: always on)",
     )  # fmt: skip
     parser.add_argument("--batch-per-gpu", type=int, help="weak scaling; default: global 256")
+    parser.add_argument(
+        "--channels-last", action="store_true",
+        help="the net's weights in channels-last layout on every side (volt: channels_last=true):"
+        " inductor lays compiled convolutions out so, and DDP's buckets follow the weights",
+    )  # fmt: skip
     parser.add_argument("--outputs", default="/tmp/outputs")
     parser.add_argument("--json", help="also write the results here, after each run")
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's table")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
-# gpt, gpt-1b and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|pairs
+# ddp-compiled, gpt, gpt-1b and sweeps need two GPUs):
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -54,6 +54,23 @@ case ${1:-tests} in
     python benchmarks/ddp_scaling.py --root /tmp/data --batch-per-gpu 256 --readme \
       --json "$out/scaling.json" 2>&1 | grep --line-buffered -vi warn | tee "$out/scaling.log" | tail -16
     cp docs/many_gpus.md "$out/"
+    ;;
+  ddp-compiled)  # two GPUs (issue #40): the compiled synthetic DDP loop was slower than its eager
+                 # one, with DDP warning that gradient strides do not match its buckets (inductor
+                 # lays compiled convolutions out channels-last; the weights and buckets are not):
+                 # as is, with inductor's layout optimisation off, and with channels-last weights
+    python benchmarks/fake_cifar10.py /tmp/data > /dev/null
+    for variant in plain layout-off channels-last; do
+      flags=(); env=()
+      [ $variant = layout-off ] && env=(TORCHINDUCTOR_LAYOUT_OPTIMIZATION=0)
+      [ $variant = channels-last ] && flags=(--channels-last)
+      env "${env[@]}" timeout -k 10 "${RUN_TIMEOUT:-300}" python benchmarks/ddp_scaling.py \
+        --root /tmp/data --batch-per-gpu 256 --runs synthetic:off synthetic:default "${flags[@]}" \
+        --json "$out/ddp_compiled_$variant.json" > "$out/ddp_compiled_$variant.log" 2>&1
+      echo "$variant: exit $?, stride warnings $(grep -c 'strides do not match' \
+        "$out/ddp_compiled_$variant.log"), $(grep -h '^{' "$out/ddp_compiled_$variant.log" \
+        | tr '\n' ' ')"
+    done
     ;;
   gpt)  # two GPUs (issue #24): the GPT task under ddp and fsdp beside a plain DDP loop, then the
         # largest GPT each trains; rewrites the README's table from both
