@@ -246,11 +246,13 @@ def main() -> None:
     about = harness.versions() | {"device": harness.device_name()}  # CUDA in this process only now
     header = (
         f"{about['device']} x {args.gpus}, torch {about['torch']}, {about['date']}:"
-        f" `experiment=cifar10_resnet precision=bf16-mixed`, batch {batch}, BatchNorm"
+        f" `experiment=cifar10_resnet precision=bf16-mixed"
+        f"{' channels_last=true' if args.channels_last else ''}`, batch {batch}, BatchNorm"
         f" {'synchronised' if args.sync_bn != 'none' else 'per GPU'} unless the row says so;"
         f" training samples/s in the last of {args.epochs} epochs"
         f" (`python benchmarks/ddp_scaling.py --root DATA"
-        f"{f' --batch-per-gpu {args.batch_per_gpu}' if args.batch_per_gpu else ''} --readme`)"
+        f"{f' --batch-per-gpu {args.batch_per_gpu}' if args.batch_per_gpu else ''}"
+        f"{' --channels-last' if args.channels_last else ''} --readme`)"
     )
     table = markdown(rows, args.gpus, header)
     print("\n" + table, flush=True)

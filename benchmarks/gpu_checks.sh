@@ -60,7 +60,7 @@ case ${1:-tests} in
                  # lays compiled convolutions out channels-last; the weights and buckets are not):
                  # as is, with inductor's layout optimisation off, and with channels-last weights
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
-    for variant in plain layout-off channels-last; do
+    for variant in as-is layout-off channels-last; do
       flags=(); env=()
       [ $variant = layout-off ] && env=(TORCHINDUCTOR_LAYOUT_OPTIMIZATION=0)
       [ $variant = channels-last ] && flags=(--channels-last)
@@ -183,9 +183,9 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
     fi
     ;;
   pairs)  # issue #40: volt's step over bare Lightning's, measured in rounds that alternate the
-          # two (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20% or more
-          # between runs minutes apart, so only sides measured side by side compare (2026-11-29)
-    # (the eager ResNet beside its synthetic side too: 95% of it is issue #40's target there)
+          # sides' order (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20%
+          # or more between runs minutes apart, so only sides measured side by side compare
+          # (2026-11-29); the eager ResNet beside its synthetic side too (95% of it is #40's target)
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
     for row in "digits 32-true" "cifar10_resnet bf16-mixed" "cifar10_resnet bf16-mixed + CUDA graphs"; do
       sides="lightning volt"; [ "$row" = "cifar10_resnet bf16-mixed" ] && sides="synthetic $sides"
@@ -194,7 +194,7 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
         --rounds "${ROUNDS:-3}" 2>>"$out/pairs.err" | tee -a "$out/pairs.jsonl" \
         | python -c 'import json,sys,statistics as s
 for r in map(json.loads, filter(lambda line: line.startswith("{"), sys.stdin)):
-    for side, v in r["results"]["volt"]["paired"].items():
+    for side, v in r["results"]["volt"].get("paired", {}).items():  # (ROUNDS=1: none)
         print(r["row"]["workload"], r["row"]["variant"], f"volt / {side} by round:",
               [round(x, 3) for x in v], "median", round(s.median(v), 3))'
     done

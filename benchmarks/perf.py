@@ -13,9 +13,9 @@ process crashed inductor's kernel launcher on torch 2.11: "CUDA driver error: in
 - plain, volt data: a plain loop fed by volt's batches (on a GPU: the data set held there and
                     augmented whole batches at a time, as `data.on_device` picks).
 - bare Lightning:   volt's modules in a Trainer with no callbacks, logger or checkpoints, at
-                    volt's logging interval (`trainer.log_every_n_steps`, where the modules log
-                    their loss and Lightning reads it: Lightning's default of 50 would compare
-                    volt logging every 10 steps with Lightning logging every 50).
+                    volt's logging interval (`trainer.log_every_n_steps`: the modules `self.log`
+                    their loss on those steps, so they do the same work on both sides; with no
+                    logger Lightning never reads the values, which volt's logger does).
 - volt:             the Trainer, callbacks and logger volt builds from `conf/`, as `python
                     train.py` runs it, less validation, checkpoints and early stopping (no other
                     side saves or validates; digits' epochs are 19 steps).

@@ -95,7 +95,8 @@ class GPUMemoryMonitor(Callback):
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if not self._devices or interval == 0 or (step + 1) % interval != 0:
             return
-        rows = [_now_and_peak(device) for device in self._devices]
+        # [allocated, reserved, peak allocated] bytes
+        rows = [list(_allocator_bytes(device)[:3]) for device in self._devices]
         metrics: dict[str, float] = {}
         for label, (allocated, reserved, peak) in self._gather(trainer, pl_module, rows):
             metrics[f"gpu_mem/{label}_allocated_gib"] = allocated / _GIB
@@ -143,12 +144,6 @@ class GPUMemoryMonitor(Callback):
         local = torch.tensor(rows, dtype=torch.int64, device=pl_module.device)  # (1, stats)
         gathered = trainer.strategy.all_gather(local)  # (world, 1, stats)
         return [(f"rank{rank}", ranks_rows[0]) for rank, ranks_rows in enumerate(gathered.tolist())]
-
-
-def _now_and_peak(device: torch.device) -> list[int]:
-    """[allocated, reserved, peak allocated] bytes."""
-    allocated, reserved, allocated_peak, _ = _allocator_bytes(device)
-    return [allocated, reserved, allocated_peak]
 
 
 def _allocator_bytes(device: torch.device) -> tuple[int, int, int, int]:

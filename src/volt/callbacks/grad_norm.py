@@ -33,12 +33,14 @@ class GradNorm(Callback):
         if not grads:
             return
         first = grads[0].device
-        if all(g.device == first for g in grads):
-            # get_total_norm's own (torch 2.11 to 2.14) moves each gradient's norm to the first
-            # device one Python call at a time: a call per parameter on the host.
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)))
-        else:
-            norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        with torch.no_grad():  # (a gradient may itself require grad: create_graph=True)
+            if all(g.device == first for g in grads):
+                # get_total_norm (torch 2.11 to 2.14) moves each gradient's norm to the first
+                # device one Python call at a time, a host call per parameter: 128 against 96 us
+                # for 62 gradients on a 2-core CPU. Use it alone once it skips those moves.
+                norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)))
+            else:
+                norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
         precision = trainer.precision_plugin
         scaler = precision.scaler if isinstance(precision, MixedPrecision) else None
         if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
