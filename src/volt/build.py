@@ -43,6 +43,7 @@ from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targ
 from volt.errors import ConfigError
 from volt.gpu import apply_compile, apply_float8
 from volt.loggers.logged_values import skip_needless_moves
+from volt.models.hook_name import store_hook_names_directly
 from volt.strategies.fsdp import FSDPStrategy
 from volt.strategies.launcher import RunConfigLauncher
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
@@ -295,6 +296,7 @@ def build_trainer(
     no_collective_in_sigterm_handler(trainer)
     skip_inherited_batch_hooks(trainer.callbacks)  # type: ignore[attr-defined]
     skip_needless_moves()  # what `self.log` costs the host (volt.loggers.logged_values)
+    store_hook_names_directly()  # what naming each hook costs the host (volt.models.hook_name)
     return trainer
 
 

@@ -1,0 +1,88 @@
+"""volt.models.hook_name: Lightning's record of the running hook is stored without torch's
+Module.__setattr__; every other attribute of a module still goes through it."""
+
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import LambdaCallback
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from volt.models import hook_name
+from volt.models.hook_name import store_hook_names_directly
+
+
+class Regressor(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def fit_counting_module_setattrs(monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[str | None]]:
+    """(assignments of `_current_fx_name` that went through Module.__setattr__ in a fit of 10
+    steps, the hook names a callback saw)."""
+    through_module: list[str] = []
+    inner = hook_name._modules_setattr
+
+    def counting(module: nn.Module, name: str, value: Any) -> None:
+        through_module.append(name)
+        inner(module, name, value)
+
+    monkeypatch.setattr(hook_name, "_modules_setattr", counting)
+    if pl.LightningModule.__setattr__ is not hook_name._setattr:  # the control: as Lightning is
+        monkeypatch.setattr(pl.LightningModule, "__setattr__", counting)
+    seen: list[str | None] = []
+    names = LambdaCallback(
+        on_train_batch_end=lambda _, module, *a: seen.append(module._current_fx_name)
+    )
+    data = DataLoader(TensorDataset(torch.randn(40, 4), torch.randn(40, 1)), batch_size=4)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=10, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, callbacks=[names],
+    )  # fmt: skip
+    trainer.fit(Regressor(), data)
+    return through_module.count("_current_fx_name"), seen
+
+
+def test_hook_names_skip_module_setattr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pl.LightningModule, "__setattr__", pl.LightningModule.__setattr__)
+    store_hook_names_directly()
+    through_module, seen = fit_counting_module_setattrs(monkeypatch)
+    assert through_module == 0
+    assert seen == ["on_train_batch_end"] * 10  # what Lightning records, as before
+
+
+def test_without_it_lightning_sets_the_name_through_module_setattr_at_every_hook(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pl.LightningModule, "__setattr__", hook_name._modules_setattr)
+    through_module, seen = fit_counting_module_setattrs(monkeypatch)
+    assert through_module > 10 * 20  # dozens a step (44 in a bare Trainer, Lightning 2.6.6)
+    assert seen == ["on_train_batch_end"] * 10
+
+
+def test_parameters_modules_and_buffers_are_still_registered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pl.LightningModule, "__setattr__", pl.LightningModule.__setattr__)
+    store_hook_names_directly()
+    module = Regressor()
+    module.scale = nn.Parameter(torch.ones(1))
+    module.head = nn.Linear(1, 1)
+    module.register_buffer("count", torch.zeros(1))
+    module.count = torch.ones(1)  # a buffer replaced by assignment, as torch allows
+    module._current_fx_name = "training_step"
+    assert "scale" in dict(module.named_parameters())
+    assert "head" in dict(module.named_children())
+    assert torch.equal(dict(module.named_buffers())["count"], torch.ones(1))
+    assert module._current_fx_name == "training_step"
+    with pytest.raises(TypeError, match="cannot assign"):  # torch's own check still runs
+        module.layer = torch.ones(1)  # type: ignore[assignment]
