@@ -7,23 +7,11 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import LambdaCallback
-from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch import nn
 
+from tests.lightning_docs_task import LineDataModule, LitRegressor
 from volt.models import hook_name
 from volt.models.hook_name import store_hook_names_directly
-
-
-class Regressor(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 1)
-
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 def fit_counting_module_setattrs(monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[str | None]]:
@@ -43,12 +31,12 @@ def fit_counting_module_setattrs(monkeypatch: pytest.MonkeyPatch) -> tuple[int, 
     names = LambdaCallback(
         on_train_batch_end=lambda _, module, *a: seen.append(module._current_fx_name)
     )
-    data = DataLoader(TensorDataset(torch.randn(40, 4), torch.randn(40, 1)), batch_size=4)
     trainer = pl.Trainer(
-        accelerator="cpu", max_steps=10, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, callbacks=[names],
+        accelerator="cpu", max_steps=10, limit_val_batches=0, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        callbacks=[names],
     )  # fmt: skip
-    trainer.fit(Regressor(), data)
+    trainer.fit(LitRegressor(), datamodule=LineDataModule())
     return through_module.count("_current_fx_name"), seen
 
 
@@ -74,7 +62,7 @@ def test_parameters_modules_and_buffers_are_still_registered(
 ) -> None:
     monkeypatch.setattr(pl.LightningModule, "__setattr__", pl.LightningModule.__setattr__)
     store_hook_names_directly()
-    module = Regressor()
+    module = LitRegressor()
     module.scale = nn.Parameter(torch.ones(1))
     module.head = nn.Linear(1, 1)
     module.register_buffer("count", torch.zeros(1))
@@ -85,4 +73,4 @@ def test_parameters_modules_and_buffers_are_still_registered(
     assert torch.equal(dict(module.named_buffers())["count"], torch.ones(1))
     assert module._current_fx_name == "training_step"
     with pytest.raises(TypeError, match="cannot assign"):  # torch's own check still runs
-        module.layer = torch.ones(1)  # type: ignore[assignment]
+        module.model = torch.ones(1)  # type: ignore[assignment]
