@@ -186,10 +186,13 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
           # sides' order (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20%
           # or more between runs minutes apart, so only sides measured side by side compare
           # (2026-11-29); the eager ResNet beside its synthetic side too (95% of it is #40's target)
+          # A row takes 3 to 6 minutes on one H200 (2026-11-29): within a 10-minute call, name one
+          # or two in ROWS (a |-separated list of perf.py's row names).
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
-    for row in "digits 32-true" "cifar10_resnet bf16-mixed" "cifar10_resnet bf16-mixed + CUDA graphs"; do
+    IFS='|' read -ra rows <<< "${ROWS:-digits 32-true|cifar10_resnet bf16-mixed|cifar10_resnet bf16-mixed + CUDA graphs}"
+    for row in "${rows[@]}"; do
       sides="lightning volt"; [ "$row" = "cifar10_resnet bf16-mixed" ] && sides="synthetic $sides"
-      timeout -k 10 "${ROW_TIMEOUT:-300}" python benchmarks/perf.py --data-root /tmp/data \
+      timeout -k 10 "${ROW_TIMEOUT:-540}" python benchmarks/perf.py --data-root /tmp/data \
         --only "$row" --sides $sides --steps "${STEPS:-200}" --repeats "${REPEATS:-5}" \
         --rounds "${ROUNDS:-3}" 2>>"$out/pairs.err" | tee -a "$out/pairs.jsonl" \
         | python -c 'import json,sys,statistics as s

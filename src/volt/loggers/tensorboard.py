@@ -55,18 +55,15 @@ class TensorBoardLogger(LightningTensorBoardLogger):
         numbers = {name: value for name, value in metrics.items() if name not in groups}
         values = []
         for name, value in _add_prefix(numbers, self._prefix, self.LOGGER_JOIN_CHAR).items():
-            refusal = ValueError(
-                f"logger=tensorboard cannot write {name}={value!r}: log a number, a one-element"
-                " tensor or a dict of them"
-            )
-            if isinstance(value, Tensor):
-                if value.numel() != 1:
-                    raise refusal
-                value = value.item()
             try:
-                number = float(value)
+                if isinstance(value, Tensor) and value.numel() != 1:
+                    raise TypeError("more than one element")
+                number = float(value.item() if isinstance(value, Tensor) else value)
             except (TypeError, ValueError) as error:
-                raise refusal from error
+                raise ValueError(
+                    f"logger=tensorboard cannot write {name}={value!r}: log a number, a"
+                    " one-element tensor or a dict of them"
+                ) from error
             values.append(Summary.Value(tag=name, simple_value=number))
         if values:
             # torch's SummaryWriter (torch 2.11 to 2.14) gives its event file's writer only
