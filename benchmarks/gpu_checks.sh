@@ -186,7 +186,7 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
           # sides' order (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20%
           # or more between runs minutes apart, so only sides measured side by side compare
           # (2026-11-29); the eager ResNet beside its synthetic side too (95% of it is #40's target)
-          # A row takes 3 to 6 minutes on one H200 (2026-11-29): within a 10-minute call, name one
+          # A row takes 2 to 6 minutes on one H200 (2026-11-29): within a 10-minute call, name one
           # or two in ROWS (a |-separated list of perf.py's row names).
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
     IFS='|' read -ra rows <<< "${ROWS:-digits 32-true|cifar10_resnet bf16-mixed|cifar10_resnet bf16-mixed + CUDA graphs}"
