@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tests.step_probes import read_record
-from volt.build import apply_toggles, build_training
+from volt.build import NoProfiler, apply_toggles, build_training
 from volt.config.validation import PRECISIONS
 from volt.training import train
 
@@ -167,6 +167,22 @@ def test_what_volt_adds_to_the_trainer_leaves_the_config_as_it_was(
     trainer = build_training(cfg, {}).trainer
     assert OmegaConf.to_container(cfg) == before
     assert trainer.checkpoint_callback is None
+
+
+def test_without_a_chosen_profiler_every_hook_shares_one_empty_context(
+    compose_config: Compose,
+) -> None:
+    trainer = build_training(compose_config("train", ["callbacks=none", "logger=none"]), {}).trainer
+    assert isinstance(trainer.profiler, NoProfiler)
+    context = trainer.profiler.profile("[Callback]A.on_train_batch_end")
+    assert context is trainer.profiler.profile("run_training_batch")
+    with context, context:  # nested, as Lightning's hooks nest
+        pass
+    # The control: a profiler the config chooses is Lightning's, each context its own.
+    chosen = compose_config("train", ["callbacks=none", "logger=none", "+trainer.profiler=simple"])
+    profiler = build_training(chosen, {}).trainer.profiler
+    assert not isinstance(profiler, NoProfiler)
+    assert profiler.profile("a") is not profiler.profile("a")
 
 
 @pytest.mark.gpu
