@@ -332,8 +332,8 @@ def skip_inherited_batch_hooks(callbacks: Sequence[Callback]) -> None:
 
 class NoProfiler(PassThroughProfiler):
     """Lightning's profiler when none is chosen, without its cost: Lightning (2.0 to 2.6.6) opens
-    `trainer.profiler.profile(name)` around every hook it calls, 30 to 40 a training step, and the
-    default PassThroughProfiler's is a generator-based context manager (`contextlib.contextmanager`),
+    `trainer.profiler.profile(name)` around every hook it calls, 30 to 40 a training step, and
+    the default PassThroughProfiler's is a generator-based context manager (`contextmanager`),
     about 1 us each on a 2-core CPU against 0.16 us for one shared `nullcontext` (torch 2.14,
     2026-11-29; issue #40). Delete when Lightning's default profiler stops building one per call."""
 

@@ -68,8 +68,17 @@ def batches_of(path: ImageBatches, epoch: int) -> list[tuple[Tensor, Tensor]]:
     return list(path)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_dataloader_path_gives_the_on_device_path_s_batches_bit_for_bit(workers: int) -> None:
+def steps_at_once(monkeypatch: pytest.MonkeyPatch, steps: int, batch_size: int) -> None:
+    """Makes the device path prepare `steps` batches of `images()` at a time."""
+    monkeypatch.setattr(batches_module, "STEPS_AT_ONCE_BYTES", steps * batch_size * 3 * 8 * 8 * 4)
+
+
+@pytest.mark.parametrize(("workers", "at_once"), [(0, 4), (2, 4), (0, 1), (0, 100)])
+def test_dataloader_path_gives_the_on_device_path_s_batches_bit_for_bit(
+    workers: int, at_once: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps_at_once(monkeypatch, at_once, 16)  # 4: two runs of steps in an epoch of 6, one short
+
     def path(loading: HostLoading | None) -> ImageBatches:
         order = BatchOrder(103, 16, seed=3, shuffle=True, drop_last=True)
         return ImageBatches(images(), order, CIFAR_LIKE, torch.device("cpu"), loading)
@@ -83,6 +92,57 @@ def test_dataloader_path_gives_the_on_device_path_s_batches_bit_for_bit(workers:
             assert torch.equal(x, x2) and torch.equal(y, y2)
     # and the augmentation draws afresh each epoch
     assert not torch.equal(batches_of(on_device, 0)[0][0], batches_of(on_device, 1)[0][0])
+
+
+def test_evaluation_batches_are_the_same_prepared_one_or_several_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    evaluation = ImageTransform((0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
+
+    def batches(at_once: int) -> list[tuple[Tensor, Tensor]]:
+        steps_at_once(monkeypatch, at_once, 16)
+        order = BatchOrder(103, 16, seed=3, shuffle=False, drop_last=False)
+        return list(ImageBatches(images(), order, evaluation, torch.device("cpu")))
+
+    one, several = batches(1), batches(3)
+    assert [len(y) for _, y in several] == [16] * 6 + [7]  # the last batch short
+    for (x, y), (x2, y2) in zip(one, several, strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_the_device_path_prepares_a_run_of_steps_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    steps_at_once(monkeypatch, 4, 16)
+    prepared: list[int] = []
+    original = ImageTransform.apply
+
+    def counted(self: ImageTransform, images: Tensor, draws: Any) -> Tensor:
+        prepared.append(len(images))
+        return original(self, images, draws)
+
+    monkeypatch.setattr(ImageTransform, "apply", counted)
+    order = BatchOrder(103, 16, seed=3, shuffle=True, drop_last=True)
+    path = ImageBatches(images(), order, CIFAR_LIKE, torch.device("cpu"))
+    assert path.steps_at_once == 4
+    assert [len(y) for _, y in path] == [16] * 6
+    assert prepared == [64, 32]  # steps 0-3, then 4-5
+
+
+@pytest.mark.parametrize("steps_done", [2, 5])
+def test_a_resumed_epoch_on_the_device_path_gets_the_unbroken_epoch_s_batches(
+    steps_done: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps_at_once(monkeypatch, 4, 8)  # resumed inside the first run of steps, then the second
+
+    def path(resumed: bool) -> ImageBatches:
+        order = BatchOrder(103, 8, seed=3, shuffle=True, drop_last=True, rank=1, world=2)
+        if resumed:
+            order.resume_at(epoch=2, steps_done=steps_done)
+        return ImageBatches(images(), order, CIFAR_LIKE, torch.device("cpu"))
+
+    whole, resumed = batches_of(path(False), 2), batches_of(path(True), 2)
+    assert len(resumed) == len(whole) - steps_done == 103 // 16 - steps_done
+    for (x, y), (x2, y2) in zip(whole[steps_done:], resumed, strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
 
 
 def test_the_dataloader_fetches_a_whole_batch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:

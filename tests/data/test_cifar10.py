@@ -159,7 +159,9 @@ def test_batch_crop_and_flip_draws_a_padded_crop_per_image() -> None:
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(1, 256, (40, 3, 32, 32), dtype=torch.uint8, generator=generator)
     transform = ImageTransform(MEAN, STD, crop_padding=4, flip=True)
-    outs = transform.crop_and_flip(images, generator)
+    draws = transform.draw(generator, len(images), images.device)
+    assert draws is not None
+    outs = transform.crop_and_flip(images, *draws)
     assert outs.shape == images.shape and outs.dtype == torch.uint8
     choices = [crop_and_flip(image, out) for image, out in zip(images, outs, strict=True)]
     assert {flipped for _, _, flipped in choices} == {False, True}

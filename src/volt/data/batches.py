@@ -13,10 +13,12 @@ Three parts, each in one place:
   copied to the GPU on a side stream one batch ahead, so that the copy overlaps the step before.
 - `ImageTransform`: random crop with padding, horizontal flip and normalisation on whole batches,
   on the device the batch is on, with random numbers seeded by (seed, epoch, step, rank): both
-  data paths produce the same batches, bit for bit.
+  data paths produce the same batches, bit for bit. The device path prepares several steps'
+  batches in one go (`ImageBatches.steps_at_once`), as its cost on the host is per preparation.
 """
 
 import functools
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,8 @@ StoredBatch = tuple[int, Tensor, Tensor]  # (step in the epoch, images as stored
 # data.on_device=auto keeps a data set on the GPU when all its splits take at most this share of
 # the GPU's free memory: CIFAR-10 as uint8 (184 MB) passes on any training GPU, ImageNet does not.
 AUTO_SHARE = 0.25
+# The device path prepares the batches of several steps at once, up to this many bytes of them.
+STEPS_AT_ONCE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -155,8 +159,26 @@ class ImageTransform:
         return self.crop_padding > 0 or self.flip
 
     def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        if generator is not None and self.random:
-            images = self.crop_and_flip(images, generator)
+        """One batch, its random numbers drawn from `generator`."""
+        draws = self.draw(generator, len(images), images.device) if generator else None
+        return self.apply(images, draws)
+
+    def draw(
+        self, generator: torch.Generator, count: int, device: torch.device
+    ) -> tuple[Tensor, Tensor] | None:
+        """The random numbers of `count` images: each one's crop corner in the padded image
+        (count, 2) and whether it is mirrored (count,); None where nothing is random."""
+        if not self.random:
+            return None
+        span = 2 * self.crop_padding + 1
+        corner = torch.randint(0, span, (count, 2), device=device, generator=generator)
+        mirrored = torch.rand(count, device=device, generator=generator) < 0.5
+        return corner, mirrored
+
+    def apply(self, images: Tensor, draws: tuple[Tensor, Tensor] | None) -> Tensor:
+        """The images cropped and flipped as `draws` say (none: evaluation), then normalised."""
+        if draws is not None:
+            images = self.crop_and_flip(images, *draws)
         scale, shift = self._affine(images.device, images.dtype)
         return torch.addcmul(shift, images.float(), scale)
 
@@ -169,16 +191,14 @@ class ImageTransform:
         mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
         return (to_unit / std).to(device), (-mean / std).to(device)
 
-    def crop_and_flip(self, images: Tensor, generator: torch.Generator) -> Tensor:
+    def crop_and_flip(self, images: Tensor, corner: Tensor, mirrored: Tensor) -> Tensor:
         n, channels, height, width = images.shape
         device, pad = images.device, self.crop_padding
         padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
-        corner = torch.randint(0, 2 * pad + 1, (n, 2), device=device, generator=generator)
         images_at, channels_at, rows_at, cols_at = _positions(n, channels, height, width, device)
         rows = corner[:, :1] + rows_at  # (N, H) into the padded image
         cols = corner[:, 1:] + cols_at  # (N, W)
         if self.flip:
-            mirrored = torch.rand(n, device=device, generator=generator) < 0.5
             cols = torch.where(mirrored[:, None], cols.flip(-1), cols)
         return padded[images_at, channels_at, rows.view(n, 1, height, 1), cols.view(n, 1, 1, width)]
 
@@ -259,10 +279,58 @@ class ImageBatches:
             # epoch after a resume from a run stopped by max_steps (Lightning 2.6.6).
             self.order.set_epoch(self.epoch())
         generator = torch.Generator(self.device) if self.transform.random else None
+        if self.on_device:
+            yield from self._prepared_steps_at_once(generator)
+            return
         for step, images, labels in self._stored_batches():
-            if generator is not None:
-                generator.manual_seed(self._batch_seed(step))
-            yield self.transform(images, generator), labels
+            yield self.transform.apply(images, self._draws(generator, step, len(images))), labels
+
+    @functools.cached_property
+    def steps_at_once(self) -> int:
+        """Steps whose batches are gathered, augmented and normalised together on the device
+        path: as many as STEPS_AT_ONCE_BYTES of prepared images hold (CIFAR-10 at batch 256: 21;
+        ImageNet-sized images: 1). Each preparation is a dozen small kernel launches and some
+        Python, the same for one batch or many; where the host bounds the step (the eager and
+        CUDA-graphs ResNet on an H200) every step paid it (issue #40)."""
+        per_image = self.split.images.shape[1:].numel() * 4  # float32 once prepared
+        fit = STEPS_AT_ONCE_BYTES // (self.order.batch_size * per_image)
+        return max(1, min(fit, len(self.order)))  # no more than an epoch
+
+    def _draws(
+        self, generator: torch.Generator | None, step: int, count: int
+    ) -> tuple[Tensor, Tensor] | None:
+        """The random numbers of `count` images from `step` on, drawn for a run of
+        `steps_at_once` steps of full batches at a time, seeded by (seed, epoch, its first step,
+        rank): one step's batch (the host path) or several (the device path) get the same
+        numbers, and so do a resumed epoch's steps and an unbroken one's."""
+        if generator is None:
+            return None
+        first = step - step % self.steps_at_once
+        generator.manual_seed(self._batch_seed(first))
+        size = self.steps_at_once * self.order.batch_size
+        draws = self.transform.draw(generator, size, self.device)
+        if draws is None:
+            return None
+        at = (step - first) * self.order.batch_size
+        corner, mirrored = draws
+        return corner[at : at + count], mirrored[at : at + count]
+
+    def _prepared_steps_at_once(
+        self, generator: torch.Generator | None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """The device path: each run of `steps_at_once` steps gathered and prepared in one go,
+        then handed out a batch (a view) at a time. Only the epoch's last batch may be short, so
+        the images of a run's steps take consecutive draws."""
+        runs = itertools.groupby(self.order.on(self.device), lambda s: s[0] // self.steps_at_once)
+        for _, run in runs:
+            steps = list(run)
+            indices = torch.cat([i for _, i in steps]) if len(steps) > 1 else steps[0][1]
+            images = self.transform.apply(
+                self.split.images[indices], self._draws(generator, steps[0][0], len(indices))
+            )
+            sizes = [len(i) for _, i in steps]
+            labels = self.split.labels[indices]
+            yield from zip(images.split(sizes), labels.split(sizes), strict=True)
 
     def _batch_seed(self, step: int) -> int:
         order = self.order
@@ -270,10 +338,8 @@ class ImageBatches:
         return mixed % 2**63  # what a generator's seed holds
 
     def _stored_batches(self) -> Iterator[StoredBatch]:
-        if self.on_device:
-            for step, indices in self.order.on(self.device):
-                yield step, self.split.images[indices], self.split.labels[indices]
-        elif self.device.type == "cuda":
+        """The host path's batches, on `device`."""
+        if self.device.type == "cuda":
             yield from copied_ahead(iter(self.loader or ()), self.device)
         else:
             yield from self.loader or ()
