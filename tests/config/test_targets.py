@@ -59,9 +59,9 @@ REFUSED: list[tuple[str, Any, str, str]] = [
     ),
     (
         "re-export in a volt room",
-        {"m": {"_target_": "volt.models.classifier.MulticlassAccuracy"}},
-        "m: _target_=volt.models.classifier.MulticlassAccuracy",
-        "it is torchmetrics.classification.accuracy.MulticlassAccuracy",
+        {"m": {"_target_": "volt.models.classifier.MeanMetric"}},
+        "m: _target_=volt.models.classifier.MeanMetric",
+        "it is torchmetrics.aggregation.MeanMetric",
     ),
     # volt's entry points and build functions take a config or a trust list of their own: a
     # config naming one would hand them its own (issue #31).
