@@ -183,6 +183,13 @@ def test_without_a_chosen_profiler_every_hook_shares_one_empty_context(
     profiler = build_training(chosen, {}).trainer.profiler
     assert not isinstance(profiler, NoProfiler)
     assert profiler.profile("a") is not profiler.profile("a")
+    # Lightning's barebones mode refuses every profiler, so none is added there.
+    barebones = [
+        *("callbacks=none", "logger=none", "+trainer.barebones=true"),
+        *("trainer.num_sanity_val_steps=0", "trainer.log_every_n_steps=null"),
+        *("+trainer.enable_progress_bar=false", "+trainer.enable_model_summary=false"),
+    ]
+    assert build_training(compose_config("train", barebones), {}).trainer.barebones
 
 
 @pytest.mark.gpu

@@ -285,8 +285,8 @@ def build_trainer(
     ):
         # Lightning 2.6.6 would add its own summary, find volt's, and say so on every run.
         added["enable_model_summary"] = False
-    if not cfg.trainer.get("profiler"):
-        added["profiler"] = NoProfiler()
+    if not cfg.trainer.get("profiler") and not cfg.trainer.get("barebones"):
+        added["profiler"] = NoProfiler()  # (barebones=True refuses any profiler, Lightning's own)
     trainer: pl.Trainer = instantiate_checked(
         cfg.trainer,
         trusted,

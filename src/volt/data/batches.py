@@ -12,9 +12,10 @@ Three parts, each in one place:
   held on the host, gathered by a DataLoader (a whole batch per fetch, no per-sample Python) and
   copied to the GPU on a side stream one batch ahead, so that the copy overlaps the step before.
 - `ImageTransform`: random crop with padding, horizontal flip and normalisation on whole batches,
-  on the device the batch is on, with random numbers seeded by (seed, epoch, step, rank): both
-  data paths produce the same batches, bit for bit. The device path prepares several steps'
-  batches in one go (`ImageBatches.steps_at_once`), as its cost on the host is per preparation.
+  on the device the batch is on, with random numbers seeded by (seed, epoch, rank, and the first
+  step of a run of `ImageBatches.steps_at_once` steps): both data paths produce the same batches,
+  bit for bit. The device path prepares a run's batches in one go, as what that costs the host is
+  per preparation, not per image.
 """
 
 import functools
@@ -289,9 +290,11 @@ class ImageBatches:
     def steps_at_once(self) -> int:
         """Steps whose batches are gathered, augmented and normalised together on the device
         path: as many as STEPS_AT_ONCE_BYTES of prepared images hold (CIFAR-10 at batch 256: 21;
-        ImageNet-sized images: 1). Each preparation is a dozen small kernel launches and some
-        Python, the same for one batch or many; where the host bounds the step (the eager and
-        CUDA-graphs ResNet on an H200) every step paid it (issue #40)."""
+        ImageNet-sized images: 1), about twice that at the moment they are made (the uint8
+        gather, its padded copy and crop beside the float32 result). Each preparation is a dozen
+        small kernel launches and some Python, the same for one batch or many; where the host
+        bounds the step (the eager and CUDA-graphs ResNet on an H200) every step paid it (issue
+        #40)."""
         per_image = self.split.images.shape[1:].numel() * 4  # float32 once prepared
         fit = STEPS_AT_ONCE_BYTES // (self.order.batch_size * per_image)
         return max(1, min(fit, len(self.order)))  # no more than an epoch
