@@ -55,7 +55,8 @@ def timed_fit(overrides: list[str], steps: int) -> tuple[HookClock, float]:
     fit's seconds (its start-up included, so only a long run's seconds a step are meaningful)."""
     from lightning.pytorch.callbacks import Callback
 
-    from volt.build import PER_BATCH_HOOKS, build_training
+    from volt.build import build_training
+    from volt.hook_dispatch import PER_BATCH_HOOKS
 
     cfg = perf.compose_config(overrides, data_root="", steps=steps)  # as perf.py's volt side
     built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]

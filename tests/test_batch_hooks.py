@@ -1,5 +1,5 @@
-"""volt.build.skip_inherited_batch_hooks: Lightning calls only the per-batch hooks a callback
-defines, each as often as before; the empty ones inherited from Callback are not called."""
+"""volt.hook_dispatch.skip_inherited_batch_hooks: Lightning calls only the per-batch hooks a
+callback defines, each as often as before; the empty ones inherited from Callback are not called."""
 
 import lightning.pytorch as pl
 import pytest
@@ -9,7 +9,7 @@ from lightning.pytorch.trainer import call
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from volt.build import PER_BATCH_HOOKS, skip_inherited_batch_hooks
+from volt.hook_dispatch import PER_BATCH_HOOKS, skip_inherited_batch_hooks
 
 
 class Regressor(pl.LightningModule):

@@ -13,8 +13,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tests.step_probes import read_record
-from volt.build import NoProfiler, apply_toggles, build_training
+from volt.build import apply_toggles, build_training
 from volt.config.validation import PRECISIONS
+from volt.hook_dispatch import NoProfiler
 from volt.training import train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -10,7 +10,6 @@ The toggles act on the built module here, in one documented order (`apply_toggle
 channels_last -> the SyncBatchNorm choice -> float8 -> compile; Lightning then distributes at fit.
 """
 
-import contextlib
 import copy
 import functools
 import inspect
@@ -30,7 +29,6 @@ from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelChec
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.profilers import PassThroughProfiler
 from omegaconf import DictConfig, OmegaConf, open_dict
 from torch import nn
 
@@ -44,8 +42,8 @@ from volt.config.execution_whitelist import instantiate_whitelist
 from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targets, locate_checked
 from volt.errors import ConfigError
 from volt.gpu import apply_compile, apply_float8
+from volt.hook_dispatch import NoProfiler, skip_inherited_batch_hooks, store_hook_names_directly
 from volt.loggers.logged_values import skip_needless_moves
-from volt.models.hook_name import store_hook_names_directly
 from volt.strategies.fsdp import FSDPStrategy
 from volt.strategies.launcher import RunConfigLauncher
 from volt.strategies.sync_batchnorm import SyncBatchNormLayers
@@ -300,47 +298,8 @@ def build_trainer(
     no_collective_in_sigterm_handler(trainer)
     skip_inherited_batch_hooks(trainer.callbacks)  # type: ignore[attr-defined]
     skip_needless_moves()  # what `self.log` costs the host (volt.loggers.logged_values)
-    store_hook_names_directly()  # what naming each hook costs the host (volt.models.hook_name)
+    store_hook_names_directly()  # what naming each hook costs the host (volt.hook_dispatch)
     return trainer
-
-
-# The hooks Lightning calls on every callback at every batch.
-PER_BATCH_HOOKS = (
-    *("on_train_batch_start", "on_train_batch_end", "on_before_backward", "on_after_backward"),
-    *("on_before_optimizer_step", "on_before_zero_grad"),
-    *(
-        f"on_{stage}_batch_{edge}"
-        for stage in ("validation", "test", "predict")
-        for edge in ("start", "end")
-    ),
-)
-
-
-def skip_inherited_batch_hooks(callbacks: Sequence[Callback]) -> None:
-    """Lightning (2.0 to 2.6.6, `trainer/call.py: _call_callback_hooks`) calls every per-batch hook
-    of every callback, the empty ones each callback inherits from `Callback` too, each inside a
-    profiler context: about 2.5 us a callback and hook on a 2-core CPU, a dozen calls a step for
-    each of volt's 15 callbacks (issue #40). It skips a hook that is not callable, so the inherited
-    empty ones are set to None on each instance; the hooks a callback defines run as before. Delete
-    when Lightning skips hooks that a callback does not override."""
-    for callback in callbacks:
-        for hook in PER_BATCH_HOOKS:
-            # Compared as the bound method's function: LambdaCallback sets its own on the instance.
-            if getattr(getattr(callback, hook), "__func__", None) is getattr(Callback, hook):
-                setattr(callback, hook, None)
-
-
-class NoProfiler(PassThroughProfiler):
-    """Lightning's profiler when none is chosen, without its cost: Lightning (2.0 to 2.6.6) opens
-    `trainer.profiler.profile(name)` around every hook it calls, 30 to 40 a training step, and
-    the default PassThroughProfiler's is a generator-based context manager (`contextmanager`),
-    about 1 us each on a 2-core CPU against 0.16 us for one shared `nullcontext` (torch 2.14,
-    2026-11-29; issue #40). Delete when Lightning's default profiler stops building one per call."""
-
-    _NOTHING = contextlib.nullcontext()
-
-    def profile(self, action_name: str) -> contextlib.nullcontext[None]:  # type: ignore[override]
-        return self._NOTHING
 
 
 def refuse_lightnings_launcher(trainer: pl.Trainer, strategy: Any) -> None:

@@ -1,5 +1,5 @@
-"""volt.models.hook_name: Lightning's record of the running hook is stored without torch's
-Module.__setattr__; every other attribute of a module still goes through it."""
+"""volt.hook_dispatch.store_hook_names_directly: Lightning's record of the running hook is stored
+without torch's Module.__setattr__; every other attribute of a module still goes through it."""
 
 from typing import Any
 
@@ -10,22 +10,22 @@ from lightning.pytorch.callbacks import LambdaCallback
 from torch import nn
 
 from tests.lightning_docs_task import LineDataModule, LitRegressor
-from volt.models import hook_name
-from volt.models.hook_name import store_hook_names_directly
+from volt import hook_dispatch
+from volt.hook_dispatch import store_hook_names_directly
 
 
 def fit_counting_module_setattrs(monkeypatch: pytest.MonkeyPatch) -> tuple[int, list[str | None]]:
     """(assignments of `_current_fx_name` that went through Module.__setattr__ in a fit of 10
     steps, the hook names a callback saw)."""
     through_module: list[str] = []
-    inner = hook_name._modules_setattr
+    inner = hook_dispatch._modules_setattr
 
     def counting(module: nn.Module, name: str, value: Any) -> None:
         through_module.append(name)
         inner(module, name, value)
 
-    monkeypatch.setattr(hook_name, "_modules_setattr", counting)
-    if pl.LightningModule.__setattr__ is not hook_name._setattr:  # the control: as Lightning is
+    monkeypatch.setattr(hook_dispatch, "_modules_setattr", counting)
+    if pl.LightningModule.__setattr__ is not hook_dispatch._setattr:  # the control: as Lightning is
         monkeypatch.setattr(pl.LightningModule, "__setattr__", counting)
     seen: list[str | None] = []
     names = LambdaCallback(
@@ -51,7 +51,7 @@ def test_hook_names_skip_module_setattr(monkeypatch: pytest.MonkeyPatch) -> None
 def test_without_it_lightning_sets_the_name_through_module_setattr_at_every_hook(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(pl.LightningModule, "__setattr__", hook_name._modules_setattr)
+    monkeypatch.setattr(pl.LightningModule, "__setattr__", hook_dispatch._modules_setattr)
     through_module, seen = fit_counting_module_setattrs(monkeypatch)
     assert through_module > 10 * 20  # dozens a step (44 in a bare Trainer, Lightning 2.6.6)
     assert seen == ["on_train_batch_end"] * 10
