@@ -8,8 +8,9 @@ import torch
 from torch import Tensor
 
 from volt.data import batches as batches_module
-from volt.data.batches import BatchOrder, HostLoading, ImageBatches, ImageTransform, Split
+from volt.data.batches import BatchOrder, HostLoading, ImageBatches, Split
 from volt.data.digits import DigitsDataModule
+from volt.data.image_transform import ImageTransform
 
 CIFAR_LIKE = ImageTransform((0.5, 0.4, 0.3), (0.2, 0.25, 0.3), crop_padding=4, flip=True)
 

@@ -9,7 +9,6 @@ import torch
 import torchvision.datasets.cifar
 from torch import Tensor
 
-from volt.data.batches import ImageTransform
 from volt.data.cifar10 import (
     FOLDER,
     MEAN,
@@ -19,6 +18,7 @@ from volt.data.cifar10 import (
     CIFAR10DataModule,
 )
 from volt.data.downloads import DataNotFoundError
+from volt.data.image_transform import ImageTransform
 
 PER_BATCH, N_TEST = 4, 10  # 5 training batches of 4 images: 20 training images in all
 N_TRAIN = PER_BATCH * len(TRAIN_FILES)

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from volt.data.batches import ImageTransform
 from volt.data.classification import ImageClassificationDataModule
 from volt.data.downloads import ensure_files
+from volt.data.image_transform import ImageTransform
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

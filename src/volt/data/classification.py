@@ -11,9 +11,9 @@ from volt.data.batches import (
     BatchOrder,
     HostLoading,
     ImageBatches,
-    ImageTransform,
     Split,
 )
+from volt.data.image_transform import ImageTransform
 
 OnDevice = Literal["auto"] | bool
 

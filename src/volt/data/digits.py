@@ -6,8 +6,8 @@ import torch
 from sklearn.datasets import load_digits
 from torch import Tensor
 
-from volt.data.batches import ImageTransform
 from volt.data.classification import ImageClassificationDataModule
+from volt.data.image_transform import ImageTransform
 
 
 class DigitsDataModule(ImageClassificationDataModule):

@@ -5,9 +5,9 @@ from typing import Any
 
 from torch import Tensor
 
-from volt.data.batches import ImageTransform
 from volt.data.classification import ImageClassificationDataModule
 from volt.data.downloads import ensure_files
+from volt.data.image_transform import ImageTransform
 
 RAW_FILES = (
     "train-images-idx3-ubyte",
