@@ -33,6 +33,7 @@ ROOMS = {
     "gpu",
     "tuning",
     "device_report",
+    "hook_dispatch",
 }
 # training (what a run does: prepare, fit, test) and evaluation (eval's run: rebuild, test or
 # predict) sit on rebuild (a trained run from its checkpoint), which sits on build (configs ->
