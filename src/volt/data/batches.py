@@ -203,8 +203,13 @@ class ImageBatches:
         if self.on_device:
             yield from self._prepared_steps_at_once(generator)
             return
+        run, draws = -1, None  # the run of steps whose random numbers are at hand
         for step, images, labels in self._stored_batches():
-            yield self.transform.apply(images, self._draws(generator, step, len(images))), labels
+            if generator is not None and step // self.steps_at_once != run:
+                run = step // self.steps_at_once
+                draws = self._run_draws(generator, run)
+            at = step % self.steps_at_once
+            yield self.transform.apply(images, self._part(draws, at, len(images))), labels
 
     @functools.cached_property
     def steps_at_once(self) -> int:
@@ -219,24 +224,23 @@ class ImageBatches:
         fit = STEPS_AT_ONCE_BYTES // (self.order.batch_size * per_image)
         return max(1, min(fit, len(self.order)))  # no more than an epoch
 
-    def _draws(
-        self, generator: torch.Generator | None, step: int, count: int
-    ) -> tuple[Tensor, Tensor] | None:
-        """The random numbers of `count` images from `step` on, drawn for a run of
-        `steps_at_once` steps of full batches at a time, seeded by (seed, epoch, its first step,
-        rank): one step's batch (the host path) or several (the device path) get the same
-        numbers, and so do a resumed epoch's steps and an unbroken one's."""
-        if generator is None:
-            return None
-        first = step - step % self.steps_at_once
-        generator.manual_seed(self._batch_seed(first))
+    def _run_draws(self, generator: torch.Generator, run: int) -> tuple[Tensor, Tensor] | None:
+        """The random numbers of the images of run `run` of `steps_at_once` steps, full batches
+        each, seeded by (seed, epoch, its first step, rank): the host path (a batch at a time) and
+        the device path (a run at a time) get the same numbers, and so do a resumed epoch's steps
+        and an unbroken one's."""
+        generator.manual_seed(self._batch_seed(run * self.steps_at_once))
         size = self.steps_at_once * self.order.batch_size
-        draws = self.transform.draw(generator, size, self.device)
+        return self.transform.draw(generator, size, self.device)
+
+    def _part(
+        self, draws: tuple[Tensor, Tensor] | None, at: int, count: int
+    ) -> tuple[Tensor, Tensor] | None:
+        """The numbers of `count` images from the `at`-th step of a run on."""
         if draws is None:
             return None
-        at = (step - first) * self.order.batch_size
-        corner, mirrored = draws
-        return corner[at : at + count], mirrored[at : at + count]
+        first = at * self.order.batch_size
+        return draws[0][first : first + count], draws[1][first : first + count]
 
     def _prepared_steps_at_once(
         self, generator: torch.Generator | None
@@ -245,11 +249,13 @@ class ImageBatches:
         then handed out a batch (a view) at a time. Only the epoch's last batch may be short, so
         the images of a run's steps take consecutive draws."""
         runs = itertools.groupby(self.order.on(self.device), lambda s: s[0] // self.steps_at_once)
-        for _, run in runs:
-            steps = list(run)
+        for run, in_run in runs:
+            steps = list(in_run)
             indices = torch.cat([i for _, i in steps]) if len(steps) > 1 else steps[0][1]
+            draws = None if generator is None else self._run_draws(generator, run)
+            at = steps[0][0] % self.steps_at_once  # after a resume, a run may start part way
             images = self.transform.apply(
-                self.split.images[indices], self._draws(generator, steps[0][0], len(indices))
+                self.split.images[indices], self._part(draws, at, len(indices))
             )
             sizes = [len(i) for _, i in steps]
             labels = self.split.labels[indices]

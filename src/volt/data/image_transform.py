@@ -28,7 +28,7 @@ class ImageTransform:
 
     def __call__(self, images: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """One batch, its random numbers drawn from `generator`."""
-        draws = self.draw(generator, len(images), images.device) if generator else None
+        draws = None if generator is None else self.draw(generator, len(images), images.device)
         return self.apply(images, draws)
 
     def draw(
