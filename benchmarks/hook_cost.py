@@ -7,9 +7,11 @@
 volt's training run as `python train.py` builds it, on the GPU where there is one, less
 validation and checkpoints (perf.py's config for its volt side), with every per-batch and epoch
 hook of every callback, the module's training_step, Lightning's logger connector and each
-logger's writes wrapped in a host clock. Prints each one's
-microseconds a step (its total over the steps, divided by them) and its calls a step, largest
-first, beside the fit's own microseconds a step. Nothing waits for the GPU: a hook that queues
+logger's writes wrapped in a host clock. After `--warmup` steps, whose first-time costs
+(compilation, CUDA graphs' capture, each kernel's first launch) would swamp a hook's own, the
+clock starts afresh for `--steps` more. Prints each one's microseconds a step (its total over
+those steps, divided by them) and its calls a step, largest first, beside the fit's own
+microseconds a step over them. Nothing waits for the GPU: a hook that queues
 GPU work is charged only for queueing it, a hook that reads a GPU value for that wait. Where the
 host bounds the step (small nets, CUDA graphs) these are what the step costs; compare them with
 perf.py's host split (its `host` field) and docs/performance.md.
@@ -50,15 +52,15 @@ class HookClock:
         setattr(owner, attribute, timed)
 
 
-def timed_fit(overrides: list[str], steps: int) -> tuple[HookClock, float]:
-    """Fits volt's config with `overrides` for `steps` optimizer steps; the hooks' clock, and the
-    fit's seconds (its start-up included, so only a long run's seconds a step are meaningful)."""
-    from lightning.pytorch.callbacks import Callback
+def timed_fit(overrides: list[str], steps: int, warmup: int) -> tuple[HookClock, float]:
+    """Fits volt's config with `overrides` for `warmup` then `steps` optimizer steps; the hooks'
+    clock, and the seconds, of the `steps` only."""
+    from lightning.pytorch.callbacks import Callback, LambdaCallback
 
     from volt.build import build_training
     from volt.hook_dispatch import PER_BATCH_HOOKS
 
-    cfg = perf.compose_config(overrides, data_root="", steps=steps)  # as perf.py's volt side
+    cfg = perf.compose_config(overrides, data_root="", steps=warmup + steps)  # perf.py's volt side
     built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     clock = HookClock()
     trainer = built.trainer
@@ -73,23 +75,45 @@ def timed_fit(overrides: list[str], steps: int) -> tuple[HookClock, float]:
     for logger in trainer.loggers:
         for method in ("log_metrics", "save"):
             clock.wrap(logger, method, f"{type(logger).__name__}.{method}")
-    start = time.perf_counter()
+    # The clock starts afresh as step warmup + 1 begins: compilation, CUDA graphs' capture and the
+    # first launch of each kernel (55 ms for the logging ops' on an H200, perf.py) stay out. First
+    # of the callbacks; Lightning's logger connector starts that step just before them, so it is
+    # counted one call short.
+    times = {"start": time.perf_counter()}
+
+    def restart(trainer: Any, *args: Any) -> None:
+        if trainer.global_step == warmup:
+            clock.ns.clear()
+            clock.calls.clear()
+            times["start"] = time.perf_counter()
+
+    def stop(*args: Any) -> None:
+        times["end"] = time.perf_counter()
+
+    watch = LambdaCallback(on_train_batch_start=restart, on_train_end=stop)
+    trainer.callbacks.insert(0, watch)  # type: ignore[attr-defined]
     trainer.fit(built.model, datamodule=built.datamodule)
-    return clock, time.perf_counter() - start
+    return clock, times["end"] - times["start"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, as for train.py")
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps to fit")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps timed")
+    parser.add_argument(
+        "--warmup", type=int, default=100, help="optimizer steps fitted before the timed ones"
+    )
     parser.add_argument(
         "--every-step", action="store_true",
         help="log at every step (trainer.log_every_n_steps=1): what a logging step costs",
     )  # fmt: skip
     args = parser.parse_intermixed_args()  # overrides before and after the options
     every_step = ["trainer.log_every_n_steps=1"] if args.every_step else []
-    clock, seconds = timed_fit([*every_step, *args.overrides], args.steps)
-    print(f"the fit: {1e6 * seconds / args.steps:,.0f} µs a step over {args.steps} steps")
+    clock, seconds = timed_fit([*every_step, *args.overrides], args.steps, args.warmup)
+    print(
+        f"the fit: {1e6 * seconds / args.steps:,.0f} µs a step over {args.steps} steps"
+        f" after {args.warmup}"
+    )
     for name, ns in clock.ns.most_common():
         calls = clock.calls[name] / args.steps
         print(f"{ns / 1e3 / args.steps:9.1f} µs a step  {calls:5.2f} calls a step  {name}")
