@@ -2,7 +2,6 @@
 
 from typing import Any, Literal
 
-import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
@@ -14,11 +13,12 @@ from volt.data.batches import (
     Split,
 )
 from volt.data.image_transform import ImageTransform
+from volt.data.resumable import ResumableDataModule
 
 OnDevice = Literal["auto"] | bool
 
 
-class ImageClassificationDataModule(pl.LightningDataModule):
+class ImageClassificationDataModule(ResumableDataModule):
     """Base for volt's image data sets: subclasses load tensors, this class splits and serves them.
 
     `batch_size` is global: under DDP each of N processes trains on batch_size / N samples of each
@@ -71,7 +71,6 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         self.test_set: Split | None = None
         self._held: dict[tuple[str, torch.device], Split] = {}  # splits copied to a device
         self._auto: dict[torch.device, bool] = {}  # on_device=auto's answer per device
-        self._resume_at: dict[str, int] | None = None
 
     def load_splits(
         self,
@@ -102,38 +101,14 @@ class ImageClassificationDataModule(pl.LightningDataModule):
         rest, part = order[cut:], order[:cut]
         return (images[rest], labels[rest]), (images[part], labels[part])
 
-    @property
-    def per_process_batch_size(self) -> int:
-        processes = self.trainer.world_size if self.trainer is not None else 1
-        if self.batch_size % processes:
-            fixed = max(processes, self.batch_size // processes * processes)
-            raise ValueError(
-                f"data.batch_size={self.batch_size} does not divide over {processes} processes; "
-                f"use a multiple of {processes}, e.g. data.batch_size={fixed}"
-            )
-        return self.batch_size // processes
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where training stands in the data (saved in checkpoints): epoch and batches done."""
-        if self.trainer is None:
-            return {}
-        # `processed` counts the batches whose step ran, the one being saved after included.
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
-        done = progress.processed  # type: ignore[attr-defined]  # a _ProcessedTracker at run time
-        return {"epoch": self.trainer.current_epoch, "batches_done": done}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume_at = state or None
-
     def train_dataloader(self) -> ImageBatches:
         assert self.train_set is not None, "call setup() first"
         # Overfitting a few batches (debug=overfit) wants the same batches every epoch.
         trainer: Any = self.trainer  # overfit_batches is set on it at run time, untyped
         shuffle = trainer is None or not trainer.overfit_batches
         batches = self._batches("train", self.train_set, shuffle, self.drop_last, train=True)
-        if self._resume_at:
-            batches.order.resume_at(self._resume_at["epoch"], self._resume_at["batches_done"])
-        self._resume_at = None
+        if at := self.take_resume_point():
+            batches.order.resume_at(at["epoch"], at["batches_done"])
         return batches
 
     def val_dataloader(self) -> ImageBatches:

@@ -9,12 +9,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning.pytorch as pl
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
+from volt.data.resumable import ResumableDataModule
 from volt.data.workers import signal_proof_workers
 
 Batch = tuple[Tensor, Tensor]  # inputs and targets, int64 (B, T)
@@ -126,7 +126,7 @@ class RandomWindowSampler(DistributedSampler[int]):
         return self.steps * self.batch_size
 
 
-class TextBytesDataModule(pl.LightningDataModule):
+class TextBytesDataModule(ResumableDataModule):
     """Next-byte prediction on text files (vocabulary 256: one token per byte).
 
     `files` are read in the order given; None reads stdlib_sources(). prepare_data writes their
@@ -193,7 +193,6 @@ class TextBytesDataModule(pl.LightningDataModule):
         self.train_set: ByteWindows | None = None
         self.val_set: ByteWindows | None = None
         self.test_set: ByteWindows | None = None
-        self._resume_at: dict[str, int] | None = None
 
     def sources(self) -> list[Path]:
         if self.files is None:
@@ -254,29 +253,6 @@ class TextBytesDataModule(pl.LightningDataModule):
         self.test_set = ByteWindows(path, held_out + n_val, n_test, T, stride=T)
         self.train_set = ByteWindows(path, held_out + n_val + n_test, sizes["train"], T, stride=1)
 
-    @property
-    def per_process_batch_size(self) -> int:
-        processes = self.trainer.world_size if self.trainer is not None else 1
-        if self.batch_size % processes:
-            fixed = max(processes, self.batch_size // processes * processes)
-            raise ValueError(
-                f"data.batch_size={self.batch_size} does not divide over {processes} processes; "
-                f"use a multiple of {processes}, e.g. data.batch_size={fixed}"
-            )
-        return self.batch_size // processes
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where training stands in the data (saved in checkpoints): epoch and batches done."""
-        if self.trainer is None:
-            return {}
-        # `processed` counts the batches whose step ran, the one being saved after included.
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
-        done = progress.processed  # type: ignore[attr-defined]  # a _ProcessedTracker at run time
-        return {"epoch": self.trainer.current_epoch, "batches_done": done}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume_at = state or None
-
     def train_dataloader(self) -> DataLoader[Batch]:
         assert self.train_set is not None, "call setup() first"
         processes, rank = 1, 0
@@ -291,10 +267,8 @@ class TextBytesDataModule(pl.LightningDataModule):
             # From torch's seed (seed_everything, the same on every rank): `seed=` moves it too.
             seed=torch.initial_seed() % 2**31,
         )
-        if self._resume_at:
-            done = self._resume_at["batches_done"] * self.per_process_batch_size
-            sampler.skip[self._resume_at["epoch"]] = done
-        self._resume_at = None
+        if at := self.take_resume_point():
+            sampler.skip[at["epoch"]] = at["batches_done"] * self.per_process_batch_size
         return self._loader(self.train_set, sampler)
 
     def val_dataloader(self) -> DataLoader[Batch]:
