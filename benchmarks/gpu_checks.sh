@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
 # ddp-compiled, gpt, gpt-1b and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|pairs
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|hooks|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -181,6 +181,16 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
       say "volt less all of these and its logger:"
       perf --sides volt --extra $(printf 'callbacks.%s=null ' $parts) logger=none | ms | tee -a "$txt"
     fi
+    ;;
+  hooks)  # issue #40: each hook's µs a step on the GPU's host, after a warm-up (hook_cost.py):
+          # digits, digits logging at every step (what a logging step costs), the CUDA-graphs ResNet
+    python benchmarks/fake_cifar10.py /tmp/data > /dev/null
+    hooks() { name=$1; shift; timeout -k 10 "${RUN_TIMEOUT:-120}" python benchmarks/hook_cost.py \
+      "$@" > "$out/hooks_$name.txt" 2>&1; grep -E "fit:|µs a step" "$out/hooks_$name.txt" | head -12; }
+    hooks digits --steps 2000 --warmup 200
+    hooks digits_every_step --steps 1000 --warmup 200 --every-step
+    hooks resnet_graphs --steps 700 --warmup 100 experiment=cifar10_resnet data.root=/tmp/data \
+      data.download=false precision=bf16-mixed compile=reduce-overhead
     ;;
   pairs)  # issue #40: volt's step over bare Lightning's, measured in rounds that alternate the
           # sides' order (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20%
