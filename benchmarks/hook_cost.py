@@ -58,7 +58,7 @@ def timed_fit(overrides: list[str], steps: int, warmup: int) -> tuple[HookClock,
     from lightning.pytorch.callbacks import Callback, LambdaCallback
 
     from volt.build import build_training
-    from volt.hook_dispatch import PER_BATCH_HOOKS
+    from volt.hook_dispatch import PER_BATCH_HOOKS, skip_inherited_batch_hooks
 
     cfg = perf.compose_config(overrides, data_root="", steps=warmup + steps)  # perf.py's volt side
     built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
@@ -75,24 +75,32 @@ def timed_fit(overrides: list[str], steps: int, warmup: int) -> tuple[HookClock,
     for logger in trainer.loggers:
         for method in ("log_metrics", "save"):
             clock.wrap(logger, method, f"{type(logger).__name__}.{method}")
-    # The clock starts afresh as step warmup + 1 begins: compilation, CUDA graphs' capture and the
-    # first launch of each kernel (55 ms for the logging ops' on an H200, perf.py) stay out. First
-    # of the callbacks; Lightning's logger connector starts that step just before them, so it is
-    # counted one call short.
-    times = {"start": time.perf_counter()}
+    # The clock starts afresh as step warmup + 1 begins (its first micro-batch, under gradient
+    # accumulation): compilation, CUDA graphs' capture and the first launch of each kernel (55 ms
+    # for the logging ops' on an H200, perf.py) stay out. First of the callbacks; Lightning's
+    # logger connector starts that step just before them, so it is counted one call short.
+    times: dict[str, float] = {}
 
     def restart(trainer: Any, *args: Any) -> None:
-        if trainer.global_step == warmup:
+        if "start" not in times and trainer.global_step == warmup:
             clock.ns.clear()
             clock.calls.clear()
             times["start"] = time.perf_counter()
 
-    def stop(*args: Any) -> None:
+    def stop(trainer: Any, *args: Any) -> None:
         times["end"] = time.perf_counter()
+        times["steps"] = trainer.global_step
 
     watch = LambdaCallback(on_train_batch_start=restart, on_train_end=stop)
+    skip_inherited_batch_hooks([watch])  # as volt's build does for every callback
     trainer.callbacks.insert(0, watch)  # type: ignore[attr-defined]
     trainer.fit(built.model, datamodule=built.datamodule)
+    if "start" not in times or times.get("steps") != warmup + steps:
+        raise SystemExit(
+            f"hook_cost.py: the fit stopped at step {times.get('steps', trainer.global_step)} of"
+            f" --warmup {warmup} + --steps {steps} (a limit of time or epochs, or a stop); its"
+            " figures would not be per timed step: lift that limit or ask for fewer --steps"
+        )
     return clock, times["end"] - times["start"]
 
 

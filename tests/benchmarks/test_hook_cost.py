@@ -36,3 +36,16 @@ def test_each_hook_of_the_default_run_gets_its_microseconds_a_step() -> None:
 
 
 LINE = re.compile(r"\s*([\d.]+) µs a step\s+([\d.]+) calls a step\s+(.+)$")
+
+
+@pytest.mark.slow  # a fresh interpreter and a fit stopped after a second: ~15 s
+def test_a_fit_that_stops_before_its_timed_steps_are_done_is_refused() -> None:
+    # a second of training cannot reach 100,000 digits steps (a step takes a millisecond or more)
+    command = ["benchmarks/hook_cost.py", "--steps", "100000", "--warmup", "5"]
+    done = subprocess.run(
+        [sys.executable, *command, "+trainer.max_time=00:00:00:01"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "of --warmup 5 + --steps 100000" in done.stderr, done.stderr[-2000:]
+    assert "µs a step" not in done.stdout
