@@ -364,7 +364,8 @@ def host_steps(clock: Clock, log_every: int | None) -> dict[str, Any]:
     """The host's time per timed step, read without waiting for the device: where the host is
     what bounds a step (CUDA graphs, small nets), the step's own time; elsewhere how far ahead the
     host runs. Split into volt's logging steps (every `log_every`, where Lightning reads the logged
-    values and the callbacks do their periodic work) and the others; the five slowest steps. The
+    values and the callbacks do their periodic work) and the others, whose median is also given
+    window by window; the five slowest steps. The
     steps at and after each window's edge are left out: the clock's wait for the device is there."""
     edges = range(clock.first, clock.last + 1, clock.steps)
     skipped = {*edges, *(edge + 1 for edge in edges)}
@@ -376,10 +377,16 @@ def host_steps(clock: Clock, log_every: int | None) -> dict[str, Any]:
     }
     every = log_every or 0  # 0 or None: volt logs nothing, no step is a logging step
     logging = [t for s, t in ms.items() if every and s % every == 0]
-    others = [t for s, t in ms.items() if not every or s % every]
+    others = {s: t for s, t in ms.items() if not every or s % every}
     slowest = sorted(ms.items(), key=lambda item: -item[1])[:5]
+    # Window by window: whether a side's ordinary step gets slower as training goes on (volt's
+    # third CUDA-graphs window was its slowest in three rounds of three, 2026-11-29).
+    by_window = [
+        [t for s, t in others.items() if edge < s <= edge + clock.steps] for edge in edges[:-1]
+    ]
     return {
-        "median_ms": statistics.median(others) if others else None,
+        "median_ms": statistics.median(others.values()) if others else None,
+        "window_median_ms": [round(statistics.median(w), 3) if w else None for w in by_window],
         "logging_step_ms": statistics.median(logging) if logging else None,
         "logging_steps": len(logging),
         "slowest": [[s, round(t, 2)] for s, t in slowest],

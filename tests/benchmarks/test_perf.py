@@ -145,3 +145,20 @@ def test_host_steps_splits_logging_steps_from_the_others(
     nothing_logged = perf.host_steps(clock, 0)  # trainer.log_every_n_steps=0
     assert nothing_logged["logging_steps"] == 0 and nothing_logged["logging_step_ms"] is None
     assert nothing_logged["median_ms"] == pytest.approx(4.0)
+
+
+def test_host_steps_gives_the_ordinary_steps_median_window_by_window(
+    load_benchmark: Callable[[str], ModuleType],
+) -> None:
+    import torch
+
+    perf = load_benchmark("perf")
+    clock = perf.Clock(torch.device("cpu"), warmup=10, steps=20, repeats=3)
+    now = 0.0
+    for step in range(10, 71):  # 4 ms a step in the first two windows, 5 ms in the third
+        now += 0.005 if step > 50 else 0.004
+        if step % 2 == 0:
+            now += 0.02  # logging steps (half of them), left out of the windows' medians
+        clock.ticks[step] = now
+    host = perf.host_steps(clock, 2)
+    assert host["window_median_ms"] == pytest.approx([4.0, 4.0, 5.0])
