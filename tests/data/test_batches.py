@@ -205,6 +205,30 @@ def test_batches_copied_ahead_on_a_side_stream_equal_the_host_batches() -> None:
         assert torch.equal(x, x2) and torch.equal(y, y2)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("shuffle", "world", "rank"),
+    [(True, 1, 0), (False, 3, 1)],  # evaluation's, padded: a copy
+)
+def test_each_epoch_s_order_reaches_the_gpu_through_one_pinned_buffer_intact(
+    shuffle: bool, world: int, rank: int
+) -> None:
+    device = torch.device("cuda")
+    order = BatchOrder(103, 8, seed=3, shuffle=shuffle, drop_last=shuffle, rank=rank, world=world)
+    kept = []
+    for epoch in range(4):
+        order.set_epoch(epoch)
+        kept.append([indices for _, indices in order.on(device)])  # before the next one's shuffle
+        buffer = order._pinned
+        assert buffer is not None and buffer.is_pinned()
+        if epoch == 0:
+            first = buffer.data_ptr()
+        assert buffer.data_ptr() == first  # the same memory every epoch
+    for epoch, on_gpu in enumerate(kept):
+        assert [i.device.type for i in on_gpu] == ["cuda"] * len(on_gpu)
+        assert [i.tolist() for i in on_gpu] == steps(order, epoch)  # the host's order, unspoiled
+
+
 class SeenLabels(pl.Callback):
     def __init__(self) -> None:
         self.by_epoch: dict[int, list[int]] = {}
