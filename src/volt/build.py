@@ -42,7 +42,12 @@ from volt.config.execution_whitelist import instantiate_whitelist
 from volt.config.targets import RETURNED_CALLABLES, allowed_prefixes, check_targets, locate_checked
 from volt.errors import ConfigError
 from volt.gpu import apply_compile, apply_float8
-from volt.hook_dispatch import NoProfiler, skip_inherited_batch_hooks, store_hook_names_directly
+from volt.hook_dispatch import (
+    NoProfiler,
+    read_step_signature_once,
+    skip_inherited_batch_hooks,
+    store_hook_names_directly,
+)
 from volt.loggers.logged_values import skip_needless_moves
 from volt.strategies.fsdp import FSDPStrategy
 from volt.strategies.launcher import RunConfigLauncher
@@ -299,6 +304,7 @@ def build_trainer(
     skip_inherited_batch_hooks(trainer.callbacks)  # type: ignore[attr-defined]
     skip_needless_moves()  # what `self.log` costs the host (volt.loggers.logged_values)
     store_hook_names_directly()  # what naming each hook costs the host (volt.hook_dispatch)
+    read_step_signature_once(trainer)
     return trainer
 
 
