@@ -41,6 +41,29 @@ def test_ranks_split_each_global_batch_of_one_process(world: int) -> None:
         assert [i for r in ranks for i in r[step]] == batch
 
 
+def test_an_epoch_s_order_is_torch_s_shuffle_made_on_one_cpu_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same order as before (a run resumed from an older checkpoint draws the same batches),
+    made without torch's other CPU threads, whose count is back afterwards."""
+    threads_at_shuffle = []
+    shuffle = torch.randperm
+
+    def counting(*args: Any, **kwargs: Any) -> Tensor:
+        threads_at_shuffle.append(torch.get_num_threads())
+        return shuffle(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randperm", counting)
+    before = torch.get_num_threads()
+    order = BatchOrder(40_000, 1_000, seed=7, shuffle=True, drop_last=True)
+    expected = shuffle(
+        40_000, generator=torch.Generator().manual_seed(batches_module.shuffle_seed(7, 3))
+    )
+    assert [i for batch in steps(order, epoch=3) for i in batch] == expected.tolist()
+    assert threads_at_shuffle == [1]
+    assert torch.get_num_threads() == before
+
+
 def test_evaluation_keeps_every_sample_and_gives_each_rank_as_many_steps() -> None:
     ranks = [
         steps(BatchOrder(11, 2, seed=0, shuffle=False, drop_last=False, rank=r, world=2))

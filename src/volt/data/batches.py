@@ -17,6 +17,7 @@ Two parts, each in one place, with the augmentation in `volt.data.image_transfor
   per preparation, not per image.
 """
 
+import contextlib
 import functools
 import itertools
 from collections.abc import Callable, Iterator
@@ -66,6 +67,17 @@ class Split:
         return step, self.images[indices], self.labels[indices]
 
 
+@contextlib.contextmanager
+def _one_cpu_thread() -> Iterator[None]:
+    """torch's CPU ops on the calling thread without its other threads, until the block ends."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def shuffle_seed(seed: int, epoch: int) -> int:
     return seed * 100_003 + epoch
 
@@ -109,16 +121,25 @@ class BatchOrder:
         self._skip[epoch] = steps_done
 
     def _epoch_order(self, into: Tensor | None = None) -> Tensor:
-        """The epoch's order (into `into`, (size,) int64, where given)."""
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(shuffle_seed(self.seed, self.epoch))
-            order = torch.randperm(self.size, generator=generator, out=into)
-        else:
-            order = torch.arange(self.size, out=into)
-        if self.drop_last:
-            return order[: self.size // self.global_batch * self.global_batch]
-        short = -self.size % self.world
-        return torch.cat([order, order[:short]]) if short else order
+        """The epoch's order (into `into`, (size,) int64, where given), made on this thread alone.
+
+        torch splits the shuffle's first pass over an epoch's indices, and any copy of them, over
+        its CPU threads (OpenMP) once there are more than 32,768; waking those threads where the
+        training's own threads keep the cores busy costs milliseconds. The shuffle took 6 to 9 ms
+        at each epoch's start inside training on an H200's host against 0.4 ms in a loop of its
+        own there (torch.profiler, CIFAR-10's 45,000 indices, torch 2.11, 2026-11-29); on the
+        2-core CPU with both cores busy, 10.9 ms on two threads and 0.24 ms on one (torch 2.14,
+        median of 30)."""
+        with _one_cpu_thread():
+            if self.shuffle:
+                generator = torch.Generator().manual_seed(shuffle_seed(self.seed, self.epoch))
+                order = torch.randperm(self.size, generator=generator, out=into)
+            else:
+                order = torch.arange(self.size, out=into)
+            if self.drop_last:
+                return order[: self.size // self.global_batch * self.global_batch]
+            short = -self.size % self.world
+            return torch.cat([order, order[:short]]) if short else order
 
     def __len__(self) -> int:
         """Steps in a whole epoch, the same on every process."""
@@ -132,11 +153,10 @@ class BatchOrder:
 
     def _order_on_gpu(self, device: torch.device) -> Tensor:
         """The epoch's order on `device`, shuffled into one pinned buffer kept for the run and
-        copied from there without waiting for the GPU. Pinning a fresh copy each epoch made each
-        epoch's first step 6 to 10 ms slower on an H200's host (CUDA-graphs ResNet, CIFAR-10's
-        45,000 indices, one host, two runs each way, torch 2.11, 2026-11-29), though `pin_memory`
-        took 0.03 ms there in a loop of its own. The shuffle itself still took 6 to 9 ms inside
-        training against 0.4 ms in such a loop (torch.profiler): not explained."""
+        copied from there without waiting for the GPU. Pinning a fresh copy each epoch (a
+        parallel copy on the CPU, see `_epoch_order`) made each epoch's first step 6 to 10 ms
+        slower on an H200's host (CUDA-graphs ResNet, one host, two runs each way, torch 2.11,
+        2026-11-29)."""
         if self._pinned is None:
             self._pinned = torch.empty(self.size, dtype=torch.long, pin_memory=True)
         elif self._copied is not None:
