@@ -425,8 +425,40 @@ def print_trace(tracer: torch.profiler.profile, steps: int, to: Path) -> None:
         f" host waits {waits or 'none'}"
     )
     table = events.table(sort_by="self_cpu_time_total", row_limit=45, max_name_column_width=70)
-    to.with_suffix(".txt").write_text(f"{summary}\n\n{table}\n")
+    gaps = "\n".join(longest_gaps(tracer.events()))
+    to.with_suffix(".txt").write_text(f"{summary}\n\n{gaps}\n\n{table}\n")
     print(summary, file=sys.stderr)
+
+
+def longest_gaps(events: Any, count: int = 4, shortest_op_ms: float = 0.15) -> list[str]:
+    """The host's longest stretches between one optimizer step and the next (an epoch's end and
+    start, a logging step), each with the ops of at least `shortest_op_ms` that ran on the
+    stepping thread in it, outermost only. In a Trainer the forward and backward run inside the
+    optimizer's step (its closure), so a gap there is the loop's own work; in a plain loop it
+    holds them too. Time in a gap that no op covers is Python's (a hook, a collection, logging)."""
+    steps = sorted(
+        (e for e in events if e.name.startswith("Optimizer.step#")),
+        key=lambda e: e.time_range.start,
+    )
+    gaps = sorted(
+        itertools.pairwise(steps),
+        key=lambda pair: pair[1].time_range.start - pair[0].time_range.end,
+        reverse=True,
+    )
+    lines = [f"the {min(count, len(gaps))} longest gaps between optimizer steps (ms):"]
+    for done, next_step in gaps[:count]:
+        start, end = done.time_range.end, next_step.time_range.start
+        ops = [
+            e
+            for e in events
+            if e.thread == done.thread
+            and e.cpu_parent is None
+            and start <= e.time_range.start < end
+            and e.time_range.elapsed_us() >= 1e3 * shortest_op_ms
+        ]
+        listed = ", ".join(f"{e.name} {e.time_range.elapsed_us() / 1e3:.2f}" for e in ops)
+        lines.append(f"  {(end - start) / 1e3:.2f}: {listed or 'no op that long'}")
+    return lines
 
 
 # ---------------------------------------------------------------------- in the parent process

@@ -162,3 +162,29 @@ def test_host_steps_gives_the_ordinary_steps_median_window_by_window(
         clock.ticks[step] = now
     host = perf.host_steps(clock, 2)
     assert host["window_median_ms"] == pytest.approx([4.0, 4.0, 5.0])
+
+
+def test_trace_names_the_longest_gap_between_optimizer_steps_and_its_ops(
+    load_benchmark: Callable[[str], ModuleType],
+) -> None:
+    import time
+
+    import torch
+
+    perf = load_benchmark("perf")
+    net = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tracer:
+        for step in range(6):
+            net(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == 3:  # an epoch's start, say: a shuffle, and Python's own time
+                torch.randperm(200_000)
+                time.sleep(0.03)
+    lines = perf.longest_gaps(tracer.events(), count=2, shortest_op_ms=0.0)
+    assert lines[0] == "the 2 longest gaps between optimizer steps (ms):"
+    longest = lines[1]
+    assert float(longest.split(":")[0]) >= 30
+    assert "aten::randperm" in longest
+    assert "aten::randperm" not in lines[2]
