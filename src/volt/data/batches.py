@@ -124,12 +124,12 @@ class BatchOrder:
         """The epoch's order (into `into`, (size,) int64, where given), made on this thread alone.
 
         torch splits the shuffle's first pass over an epoch's indices, and any copy of them, over
-        its CPU threads (OpenMP) once there are more than 32,768; waking those threads where the
-        training's own threads keep the cores busy costs milliseconds. The shuffle took 6 to 9 ms
-        at each epoch's start inside training on an H200's host against 0.4 ms in a loop of its
-        own there (torch.profiler, CIFAR-10's 45,000 indices, torch 2.11, 2026-11-29); on the
-        2-core CPU with both cores busy, 10.9 ms on two threads and 0.24 ms on one (torch 2.14,
-        median of 30)."""
+        its CPU threads (OpenMP) once there are more than 32,768, and waking threads that have
+        slept through an epoch costs milliseconds. The shuffle took 6 to 9 ms at each epoch's
+        start inside training on an H200's host against 0.4 ms in a loop of its own there
+        (torch.profiler, CIFAR-10's 45,000 indices, torch 2.11, 2026-11-29). On the 2-core CPU,
+        5 ms apart: 1.5 ms on two threads and 0.23 ms on one with the cores idle, 10.9 and 0.24
+        ms with both kept busy (torch 2.14, medians of 30)."""
         with _one_cpu_thread():
             if self.shuffle:
                 generator = torch.Generator().manual_seed(shuffle_seed(self.seed, self.epoch))
