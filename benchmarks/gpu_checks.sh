@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
 # ddp-compiled, gpt, gpt-1b and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|hooks|pairs
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|hooks|epochs|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -191,6 +191,17 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
     hooks digits_every_step --steps 1000 --warmup 200 --every-step
     hooks resnet_graphs --steps 700 --warmup 100 experiment=cifar10_resnet data.root=/tmp/data \
       data.download=false precision=bf16-mixed compile=reduce-overhead
+    ;;
+  epochs)  # issue #40: what an epoch's end and start cost the host, bare Lightning and volt, on
+          # ROW (default the CUDA-graphs ResNet): torch.profiler over 300 steps after the warm-up,
+          # two epoch starts (every 175 steps); each trace's text opens with the longest gaps
+          # between optimizer steps and the ops in them (3 minutes on one H200, 2026-11-29)
+    row=${ROW:-cifar10_resnet bf16-mixed + CUDA graphs}
+    python benchmarks/fake_cifar10.py /tmp/data > /dev/null
+    timeout -k 10 "${ROW_TIMEOUT:-300}" python benchmarks/perf.py --data-root /tmp/data \
+      --only "$row" --sides lightning volt --steps 300 --repeats 1 --trace /tmp/epoch_traces \
+      > "$out/epochs.jsonl" 2> "$out/epochs.err"
+    for f in /tmp/epoch_traces/*.txt; do head -n 7 "$f"; cp "$f" "$out/"; done  # (the JSON stays)
     ;;
   pairs)  # issue #40: volt's step over bare Lightning's, measured in rounds that alternate the
           # sides' order (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20%
