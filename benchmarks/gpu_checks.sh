@@ -195,13 +195,16 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
   epochs)  # issue #40: what an epoch's end and start cost the host, bare Lightning and volt, on
           # ROW (default the CUDA-graphs ResNet): torch.profiler over 300 steps after the warm-up,
           # two epoch starts (every 175 steps); each trace's text opens with the longest gaps
-          # between optimizer steps and the ops in them (3 minutes on one H200, 2026-11-29)
+          # between optimizer steps and the ops in them (the same perf.py run took 2 minutes on
+          # one H200, 2026-11-29)
     row=${ROW:-cifar10_resnet bf16-mixed + CUDA graphs}
     python benchmarks/fake_cifar10.py /tmp/data > /dev/null
+    rm -rf /tmp/epoch_traces
     timeout -k 10 "${ROW_TIMEOUT:-300}" python benchmarks/perf.py --data-root /tmp/data \
       --only "$row" --sides lightning volt --steps 300 --repeats 1 --trace /tmp/epoch_traces \
       > "$out/epochs.jsonl" 2> "$out/epochs.err"
-    for f in /tmp/epoch_traces/*.txt; do head -n 7 "$f"; cp "$f" "$out/"; done  # (the JSON stays)
+    echo "epochs: exit $?"
+    for f in /tmp/epoch_traces/*.txt; do [ -f "$f" ] && head -n 7 "$f" && cp "$f" "$out/"; done
     ;;
   pairs)  # issue #40: volt's step over bare Lightning's, measured in rounds that alternate the
           # sides' order (L V, V L, L V), on the rows the CPU bounds: the host's speed drifts by 20%

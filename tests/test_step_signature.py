@@ -7,6 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import LambdaCallback
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -35,7 +36,12 @@ class WithoutBatchIndex(WithBatchIndex):
         return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
 
-def fit(module: WithBatchIndex, monkeypatch: pytest.MonkeyPatch, once: bool) -> int:
+def fit(
+    module: WithBatchIndex,
+    monkeypatch: pytest.MonkeyPatch,
+    once: bool,
+    callbacks: list[pl.Callback] | None = None,
+) -> int:
     """Fits `module` for STEPS steps; the times the signature of its training_step was read."""
     reads = 0
     read = inspect.getfullargspec
@@ -49,7 +55,7 @@ def fit(module: WithBatchIndex, monkeypatch: pytest.MonkeyPatch, once: bool) -> 
     data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
     trainer = pl.Trainer(
         accelerator="cpu", max_steps=STEPS, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False,
+        enable_model_summary=False, enable_checkpointing=False, callbacks=callbacks,
     )  # fmt: skip
     if once:
         read_step_signature_once(trainer)
@@ -70,3 +76,20 @@ def test_a_step_without_batch_idx_is_not_given_one(monkeypatch: pytest.MonkeyPat
     module = WithoutBatchIndex()
     fit(module, monkeypatch, once=True)
     assert module.seen == [None] * STEPS
+
+
+def test_a_step_function_swapped_mid_fit_is_asked_about_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module = WithBatchIndex()
+
+    def without_batch_idx(batch: tuple[Tensor, Tensor]) -> Tensor:
+        module.seen.append(None)
+        return nn.functional.mse_loss(module.layer(batch[0]), batch[1])
+
+    def swap(trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == 3:
+            module.training_step = without_batch_idx  # type: ignore[method-assign]
+
+    fit(module, monkeypatch, once=True, callbacks=[LambdaCallback(on_train_batch_end=swap)])
+    assert module.seen == [0, 1, 2, None, None, None]

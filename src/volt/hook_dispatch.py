@@ -9,7 +9,7 @@ names the defect and when to delete it.
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -82,25 +82,25 @@ def _setattr(module: pl.LightningModule, name: str, value: Any) -> None:
 
 
 def read_step_signature_once(trainer: pl.Trainer) -> None:
-    """Lightning (2.0 to 2.6.6, `loops/training_epoch_loop.py: _build_kwargs`) reads the signature
-    of the module's `training_step` with `inspect.getfullargspec` at every training step, to know
-    whether to pass it `batch_idx`: 0.14 ms a step under cProfile on an H200's host (the
-    CUDA-graphs ResNet, torch 2.11, 2026-11-29), where the whole step is about 4 ms. The answer is
-    the same at every step of a function, so this trainer asks once per `training_step` function
-    (a module given another one is asked again) and passes the same arguments as Lightning.
-    Delete when Lightning reads the signature once."""
-    takes_batch_idx: dict[Callable[..., Any], bool] = {}
+    """Lightning (2.0 to 2.6.6, `loops/training_epoch_loop.py: _build_kwargs`; no upstream issue
+    found) reads the signature of the module's `training_step` with `inspect.getfullargspec` at
+    every training step, to know whether to pass it `batch_idx`: 10 to 25 us a call on the 2-core
+    CPU (torch 2.14), 0.14 ms a step under cProfile on an H200's host. This trainer asks again
+    only when the step function is another than last time (a module swapped in, a method rebound)
+    and passes the same arguments as Lightning. Delete when Lightning reads the signature once,
+    or if its `_build_kwargs` starts passing anything else."""
+    asked: Any = None  # the step function last asked about
+    takes_batch_idx = False
 
     def build_kwargs(kwargs: OrderedDict, batch: Any, batch_idx: int) -> OrderedDict:
+        nonlocal asked, takes_batch_idx
         kwargs["batch"] = batch
         step = trainer.lightning_module.training_step
         function = getattr(step, "__func__", step)  # a bound method's, the same every step
-        takes = takes_batch_idx.get(function)
-        if takes is None:
-            takes = takes_batch_idx[function] = is_param_in_hook_signature(
-                step, "batch_idx", min_args=2
-            )
-        if takes:
+        if function is not asked:
+            asked = function
+            takes_batch_idx = is_param_in_hook_signature(step, "batch_idx", min_args=2)
+        if takes_batch_idx:
             kwargs["batch_idx"] = batch_idx
         return kwargs
 

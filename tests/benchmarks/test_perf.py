@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -167,8 +168,6 @@ def test_host_steps_gives_the_ordinary_steps_median_window_by_window(
 def test_trace_names_the_longest_gap_between_optimizer_steps_and_its_ops(
     load_benchmark: Callable[[str], ModuleType],
 ) -> None:
-    import time
-
     import torch
 
     perf = load_benchmark("perf")
@@ -181,10 +180,10 @@ def test_trace_names_the_longest_gap_between_optimizer_steps_and_its_ops(
             optimizer.zero_grad()
             if step == 3:  # an epoch's start, say: a shuffle, and Python's own time
                 torch.randperm(200_000)
-                time.sleep(0.03)
+                time.sleep(0.2)  # far above any pause of a busy machine elsewhere in the loop
     lines = perf.longest_gaps(tracer.events(), count=2, shortest_op_ms=0.0)
     assert lines[0] == "the 2 longest gaps between optimizer steps (ms):"
     longest = lines[1]
-    assert float(longest.split(":")[0]) >= 30
+    assert float(longest.split(":")[0]) >= 200
     assert "aten::randperm" in longest
     assert "aten::randperm" not in lines[2]

@@ -1,5 +1,8 @@
 """Whole-batch data paths: the global sample order, its shards, both paths' equal batches."""
 
+import copy
+import pickle
+import threading
 from typing import Any
 
 import lightning.pytorch as pl
@@ -55,13 +58,27 @@ def test_an_epoch_s_order_is_torch_s_shuffle_made_on_one_cpu_thread(
 
     monkeypatch.setattr(torch, "randperm", counting)
     before = torch.get_num_threads()
-    order = BatchOrder(40_000, 1_000, seed=7, shuffle=True, drop_last=True)
-    expected = shuffle(
-        40_000, generator=torch.Generator().manual_seed(batches_module.shuffle_seed(7, 3))
-    )
-    assert [i for batch in steps(order, epoch=3) for i in batch] == expected.tolist()
-    assert threads_at_shuffle == [1]
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(2)  # (where torch already runs on one, the test would prove nothing)
+    try:
+        order = BatchOrder(40_000, 1_000, seed=7, shuffle=True, drop_last=True)
+        expected = shuffle(
+            40_000, generator=torch.Generator().manual_seed(batches_module.shuffle_seed(7, 3))
+        )
+        assert [i for batch in steps(order, epoch=3) for i in batch] == expected.tolist()
+        assert threads_at_shuffle == [1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_copied_order_leaves_its_gpu_staging_behind() -> None:
+    order = BatchOrder(10, 2, seed=1, shuffle=True, drop_last=True)
+    # Stand-ins for the pinned buffer and its CUDA event: a lock cannot be pickled either.
+    order._pinned = torch.empty(10, dtype=torch.long)
+    order._copied = threading.Lock()  # type: ignore[assignment]
+    for copied in (pickle.loads(pickle.dumps(order)), copy.deepcopy(order)):
+        assert copied._pinned is None and copied._copied is None
+        assert steps(copied, 2) == steps(order, 2)
 
 
 def test_evaluation_keeps_every_sample_and_gives_each_rank_as_many_steps() -> None:
@@ -241,7 +258,10 @@ def test_each_epoch_s_order_reaches_the_gpu_through_one_pinned_buffer_intact(
     kept = []
     for epoch in range(4):
         order.set_epoch(epoch)
-        kept.append([indices for _, indices in order.on(device)])  # before the next one's shuffle
+        # Work queued ahead of the copy keeps it pending while the next epoch is shuffled: the
+        # buffer must not be overwritten before the copy out of it has run.
+        torch.cuda._sleep(100_000_000)  # about 50 ms of GPU clock cycles
+        kept.append([indices for _, indices in order.on(device)])
         buffer = order._pinned
         assert buffer is not None and buffer.is_pinned()
         if epoch == 0:

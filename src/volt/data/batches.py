@@ -114,6 +114,10 @@ class BatchOrder:
         self._pinned: Tensor | None = None
         self._copied: torch.cuda.Event | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (pickled, deep-copied) makes its own buffer: a CUDA event cannot be pickled.
+        return {**self.__dict__, "_pinned": None, "_copied": None}
+
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
@@ -125,7 +129,7 @@ class BatchOrder:
 
         torch splits the shuffle's first pass over an epoch's indices, and any copy of them, over
         its CPU threads (OpenMP) once there are more than 32,768, and waking threads that have
-        slept through an epoch costs milliseconds. The shuffle took 6 to 9 ms at each epoch's
+        slept through an epoch costs milliseconds. The shuffle took 4 to 9 ms at each epoch's
         start inside training on an H200's host against 0.4 ms in a loop of its own there
         (torch.profiler, CIFAR-10's 45,000 indices, torch 2.11, 2026-11-29). On the 2-core CPU,
         5 ms apart: 1.5 ms on two threads and 0.23 ms on one with the cores idle, 10.9 and 0.24
@@ -154,18 +158,19 @@ class BatchOrder:
     def _order_on_gpu(self, device: torch.device) -> Tensor:
         """The epoch's order on `device`, shuffled into one pinned buffer kept for the run and
         copied from there without waiting for the GPU. Pinning a fresh copy each epoch (a
-        parallel copy on the CPU, see `_epoch_order`) made each epoch's first step 6 to 10 ms
-        slower on an H200's host (CUDA-graphs ResNet, one host, two runs each way, torch 2.11,
-        2026-11-29)."""
-        if self._pinned is None:
+        parallel copy on the CPU, see `_epoch_order`) made each epoch's first step about 8 ms
+        slower (5 to 13 ms by side and run) on an H200's host (CUDA-graphs ResNet, one host, two
+        runs each way, torch 2.11, 2026-11-29)."""
+        if self._pinned is None or self._copied is None:
             self._pinned = torch.empty(self.size, dtype=torch.long, pin_memory=True)
-        elif self._copied is not None:
+            self._copied = torch.cuda.Event()
+        else:
             self._copied.synchronize()  # the last copy out of it (an epoch ago) is done
-        order = self._epoch_order(into=self._pinned)
-        if not order.is_pinned():  # evaluation's order padded for several ranks: a new tensor
-            order = order.pin_memory()
+        with _one_cpu_thread():
+            order = self._epoch_order(into=self._pinned)
+            if not order.is_pinned():  # padded for several ranks (drop_last off): a new tensor
+                order = order.pin_memory()
         on_gpu = order.to(device, non_blocking=True)
-        self._copied = torch.cuda.Event()
         self._copied.record(torch.cuda.current_stream(device))
         return on_gpu
 
