@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -125,19 +126,30 @@ def test_rounds_alternate_the_sides_pool_their_windows_and_pair_volt_within_each
     assert "paired" not in one["volt"]
 
 
+def ticked_clock(
+    perf: ModuleType, warmup: int, steps: int, repeats: int, seconds: Callable[[int], float]
+) -> Any:
+    """perf's Clock with its host ticks set as if step n took `seconds(n)`, for each timed step."""
+    import torch
+
+    clock = perf.Clock(torch.device("cpu"), warmup=warmup, steps=steps, repeats=repeats)
+    now = 0.0
+    for step in range(warmup, warmup + steps * repeats + 1):
+        now += seconds(step)
+        clock.ticks[step] = now
+    return clock
+
+
 def test_host_steps_splits_logging_steps_from_the_others(
     load_benchmark: Callable[[str], ModuleType],
 ) -> None:
-    import torch
-
     perf = load_benchmark("perf")
-    clock = perf.Clock(torch.device("cpu"), warmup=40, steps=30, repeats=1)
-    now = 0.0
-    for step in range(40, 71):  # 4 ms a step, 9 ms on the logging steps (every 10)
-        now += 0.009 if step % 10 == 0 else 0.004
-        if step == 41:
-            now += 0.5  # the clock's wait for the device at the window's edge (step 40)
-        clock.ticks[step] = now
+
+    def seconds(step: int) -> float:  # 4 ms a step, 9 ms on the logging steps (every 10)
+        # step 41 also holds the clock's wait for the device at the window's edge (step 40)
+        return (0.009 if step % 10 == 0 else 0.004) + (0.5 if step == 41 else 0.0)
+
+    clock = ticked_clock(perf, warmup=40, steps=30, repeats=1, seconds=seconds)
     host = perf.host_steps(clock, 10)
     assert host["median_ms"] == pytest.approx(4.0)
     assert host["logging_step_ms"] == pytest.approx(9.0)
@@ -151,16 +163,13 @@ def test_host_steps_splits_logging_steps_from_the_others(
 def test_host_steps_gives_the_ordinary_steps_median_window_by_window(
     load_benchmark: Callable[[str], ModuleType],
 ) -> None:
-    import torch
-
     perf = load_benchmark("perf")
-    clock = perf.Clock(torch.device("cpu"), warmup=10, steps=20, repeats=3)
-    now = 0.0
-    for step in range(10, 71):  # 4 ms a step in the first two windows, 5 ms in the third
-        now += 0.005 if step > 50 else 0.004
-        if step % 2 == 0:
-            now += 0.02  # logging steps (half of them), left out of the windows' medians
-        clock.ticks[step] = now
+
+    def seconds(step: int) -> float:  # 4 ms a step in the first two windows, 5 ms in the third
+        # logging steps (half of them) 20 ms more, left out of the windows' medians
+        return (0.005 if step > 50 else 0.004) + (0.02 if step % 2 == 0 else 0.0)
+
+    clock = ticked_clock(perf, warmup=10, steps=20, repeats=3, seconds=seconds)
     host = perf.host_steps(clock, 2)
     assert host["window_median_ms"] == pytest.approx([4.0, 4.0, 5.0])
 

@@ -125,7 +125,8 @@ class BatchOrder:
         self._skip[epoch] = steps_done
 
     def _epoch_order(self, into: Tensor | None = None) -> Tensor:
-        """The epoch's order (into `into`, (size,) int64, where given), made on this thread alone.
+        """The epoch's order (into `into`, (size,) int64, where given). Callers make it inside
+        `_one_cpu_thread()`.
 
         torch splits the shuffle's first pass over an epoch's indices, and any copy of them, over
         its CPU threads (OpenMP) once there are more than 32,768, and waking threads that have
@@ -134,16 +135,15 @@ class BatchOrder:
         (torch.profiler, CIFAR-10's 45,000 indices, torch 2.11, 2026-11-29). On the 2-core CPU,
         5 ms apart: 1.5 ms on two threads and 0.23 ms on one with the cores idle, 10.9 and 0.24
         ms with both kept busy (torch 2.14, medians of 30)."""
-        with _one_cpu_thread():
-            if self.shuffle:
-                generator = torch.Generator().manual_seed(shuffle_seed(self.seed, self.epoch))
-                order = torch.randperm(self.size, generator=generator, out=into)
-            else:
-                order = torch.arange(self.size, out=into)
-            if self.drop_last:
-                return order[: self.size // self.global_batch * self.global_batch]
-            short = -self.size % self.world
-            return torch.cat([order, order[:short]]) if short else order
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(shuffle_seed(self.seed, self.epoch))
+            order = torch.randperm(self.size, generator=generator, out=into)
+        else:
+            order = torch.arange(self.size, out=into)
+        if self.drop_last:
+            return order[: self.size // self.global_batch * self.global_batch]
+        short = -self.size % self.world
+        return torch.cat([order, order[:short]]) if short else order
 
     def __len__(self) -> int:
         """Steps in a whole epoch, the same on every process."""
@@ -177,7 +177,11 @@ class BatchOrder:
     def on(self, device: torch.device) -> Iterator[tuple[int, Tensor]]:
         """As iterating, with the indices on `device`: the epoch's order is copied there once,
         from pinned memory, so no step waits for the GPU to take its indices."""
-        order = self._order_on_gpu(device) if device.type == "cuda" else self._epoch_order()
+        if device.type == "cuda":
+            order = self._order_on_gpu(device)
+        else:
+            with _one_cpu_thread():
+                order = self._epoch_order()
         full = len(order) // self.global_batch
         rows = order[: full * self.global_batch].view(full, self.world, self.batch_size)
         batches = list(rows[:, self.rank].unbind())
