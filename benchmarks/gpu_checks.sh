@@ -117,7 +117,7 @@ case ${1:-tests} in
       # A finished run is not continued: as if killed after its last checkpoint (as the tests do)
       rm -f "$dir/train/runs/resume/metrics.json"
     done
-    grep -hE "resuming run|starting it from|global_step|max_steps" "$dir/train/runs/resume/train.log" \
+    grep -hE "resuming run|starting it from|Restor|global_step|max_steps" "$dir/train/runs/resume/train.log" \
       | cut -c1-200 >> "$out/gpt_1b_resume.txt" 2>/dev/null
     ;;
   gpt-trace)  # two GPUs (issue #40): torch.profiler over 5 steps of volt's GPT after 60 (its
