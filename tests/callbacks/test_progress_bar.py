@@ -177,6 +177,29 @@ def test_the_rate_shows_no_zero_before_rich_can_measure_one(tmp_path: Path) -> N
     assert rate() == "6.00it/s"  # rich's own, between its moves: 3 batches in 0.5 s
 
 
+@pytest.mark.parametrize(
+    ("max_epochs", "shown"), [(-1, ["Epoch 0", "Epoch 1"]), (2, ["Epoch 0/1", "Epoch 1/1"])]
+)
+def test_a_run_without_an_epoch_limit_shows_no_epoch_total(
+    tmp_path: Path, max_epochs: int, shown: list[str]
+) -> None:
+    """Lightning 2.6.6 shows "Epoch 1/-2" under max_epochs=-1 (a run that ends at max_steps)."""
+    descriptions = []
+
+    class Recorded(RichProgressBar):
+        def _get_train_description(self, current_epoch: int) -> str:
+            descriptions.append(super()._get_train_description(current_epoch).rstrip())
+            return descriptions[-1]
+
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    trainer = pl.Trainer(
+        accelerator="cpu", max_epochs=max_epochs, max_steps=6, callbacks=[Recorded()],
+        logger=False, enable_checkpointing=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(Regression(), DataLoader(data, batch_size=4))
+    assert sorted(set(descriptions)) == shown
+
+
 class EveryStepLogging(Classifier):
     """The classifier as it logged before: `self.log` of the loss and the accuracy metric in every
     training step, whether Lightning writes the logs after it or not."""

@@ -95,6 +95,15 @@ class RichProgressBar(LightningRichProgressBar):
             for column in super().configure_columns(trainer)
         ]
 
+    @override
+    def _get_train_description(self, current_epoch: int) -> str:
+        # Lightning 2.6.6 shows "Epoch 3/-2" when max_epochs=-1 (no epoch limit: a run that ends
+        # at max_steps, as the GPT experiments do). Its issue #21925, fixed by PR #21924 after
+        # 2.6.6: delete this once volt requires a Lightning with that fix.
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs < 0:
+            return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+        return super()._get_train_description(current_epoch)
+
     def _move_to_batches_done(self) -> None:
         """Shows the batches that `on_train_batch_end` left off the counter."""
         self._update(self.train_progress_bar_id, self._batches_done)
