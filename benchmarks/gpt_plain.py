@@ -14,6 +14,7 @@ net's training FLOPs per token times tokens/s over the device's peak, where volt
 
 import argparse
 import json
+from pathlib import Path
 
 import harness  # benchmarks/, the folder of this script, is first on sys.path
 import torch
@@ -36,12 +37,16 @@ def draw_batch(corpus: Tensor, batch_size: int, block_size: int) -> tuple[Tensor
 def train(
     model: nn.Module, optimizer: torch.optim.Optimizer, corpus: Tensor, batch_size: int,
     block_size: int, *, bf16: bool, clip: float, warmup: int, steps: int,
+    trace: Path | None = None,
 ) -> tuple[float, list[Tensor]]:  # fmt: skip
     """`warmup` untimed steps of `model` (the net, or DDP around it) on random windows of `corpus`,
     then `steps` timed ones, the device synchronised only at their edges: the timed steps'
-    seconds, and every step's loss (left on the device)."""
+    seconds, and every step's loss (left on the device). With `trace` (a path less its suffix):
+    torch.profiler over the first TRACED_STEPS timed steps, written as `trace`.txt (the op table)
+    and `trace`.pt.trace.json; those steps are slower, and their time counts."""
     device = corpus.device
     windows = harness.Windows(warmup, steps, 1, lambda: harness.synchronize(device))
+    profiler = None if trace is None else traced_steps(device, warmup)
     windows.step_done(0)
     losses = []
     for n in range(1, windows.total + 1):
@@ -58,7 +63,30 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         windows.step_done(n)
+        if profiler is not None:
+            profiler.step()
+    if profiler is not None and trace is not None:
+        profiler.stop()
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+        trace.with_suffix(".txt").write_text(table)
+        profiler.export_chrome_trace(str(trace.with_suffix(".pt.trace.json")))
     return windows.seconds()[0], losses
+
+
+TRACED_STEPS = 5
+
+
+def traced_steps(device: torch.device, warmup: int) -> torch.profiler.profile:
+    """A started profiler that records steps warmup + 1 to warmup + TRACED_STEPS (CPU and CUDA),
+    as volt's runs are traced (`gpu_checks.sh gpt-trace`)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    schedule = torch.profiler.schedule(wait=warmup - 1, warmup=1, active=TRACED_STEPS, repeat=1)
+    profiler = torch.profiler.profile(activities=activities, schedule=schedule)
+    profiler.start()
+    return profiler
 
 
 def main() -> None:

@@ -22,6 +22,9 @@ a ladder of GPT shapes (n_layer x n_embd, heads of 128) on all GPUs: `train.py` 
 fails or passes `--probe-timeout`. A rung whose weights, gradients and AdamW state alone (16 bytes
 a parameter, over N GPUs under FSDP) exceed a GPU is out of memory unrun.
 
+--trace DIR: rank 0 of each plain run traces 5 steps after the warm-up with torch.profiler (its op
+table and Chrome trace in DIR; `gpu_checks.sh gpt-trace` sets it beside volt's own traces).
+
 Results go to `--json` after each run; the tables are printed, and with --readme written between
 the page's markers.
 """
@@ -140,6 +143,7 @@ class Plan:
     # shared: all runs use one cache, so a graph an earlier run compiled is read back
     compile_cache: str = "cold"
     extra: tuple[str, ...] = ()  # more overrides of volt's runs (e.g. an FSDP setting), reported
+    trace: Path | None = None  # the plain runs' traces of rank 0 go here (gpt_plain.traced_steps)
 
     def cache_env(self, run: str) -> dict[str, str]:
         """The environment of a run: torch.compile's and Triton's caches as `compile_cache` says."""
@@ -164,8 +168,9 @@ class Plan:
 
 
 def plain_rank(
-    rank: int, world: int, overrides: list[str], warmup: int, steps: int, rendezvous: str
-) -> None:
+    rank: int, world: int, overrides: list[str], warmup: int, steps: int, rendezvous: str,
+    trace: str | None = None,
+) -> None:  # fmt: skip
     """One process of the plain loop (world > 1: DistributedDataParallel); rank 0 prints the
     result line."""
     cuda = torch.cuda.is_available()
@@ -201,6 +206,7 @@ def plain_rank(
     seconds, _ = train(
         trained, optimizer, corpus, batch, block, bf16=cfg.precision == "bf16-mixed",
         clip=cfg.trainer.gradient_clip_val or 0.0, warmup=warmup, steps=steps,
+        trace=Path(trace) / f"plain-{world}" if trace and rank == 0 else None,
     )  # fmt: skip
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     ranks: list[dict[str, Any]] = [{"seconds": seconds, "peak_gib": peak}]
@@ -221,12 +227,14 @@ def plain_rank(
     print(harness.result_line(result), flush=True)
 
 
-def plain_processes(world: int, overrides: list[str], warmup: int, steps: int) -> None:
+def plain_processes(
+    world: int, overrides: list[str], warmup: int, steps: int, trace: str | None
+) -> None:
     """The plain loop's ranks, in the process --plain-child starts: rank 0 is that process."""
     # The ranks meet in an empty file (torch's FileStore): no port that another run could take.
     fd, rendezvous = tempfile.mkstemp(prefix="gpt-scaling-rendezvous-")
     os.close(fd)
-    options = (world, overrides, warmup, steps, rendezvous)
+    options = (world, overrides, warmup, steps, rendezvous, trace)
     spawn = multiprocessing.get_context("spawn")
     others = [spawn.Process(target=plain_rank, args=(r, *options)) for r in range(1, world)]
     for process in others:
@@ -315,6 +323,7 @@ def measure(run: str, plan: Plan) -> dict[str, Any]:
     if run.startswith("plain"):
         command = [sys.executable, __file__, "--plain-child", str(gpus)]
         command += ["--warmup", str(plan.warmup), "--steps", str(plan.steps)]
+        command += ["--trace", str(plan.trace)] if plan.trace else []
         command += ["--overrides", *overrides]
     else:
         trainer = plan.one_device if run == "volt-gpu" else run.removeprefix("volt-")
@@ -556,6 +565,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         work=Path(args.work or tempfile.mkdtemp(prefix="gpt-scaling-")),
         compile_cache=args.compile_cache,
         extra=tuple(args.extra),
+        trace=Path(args.trace).resolve() if args.trace else None,
     )
 
 
@@ -623,11 +633,15 @@ def main() -> None:
     parser.add_argument("--readme", nargs="?", const=str(README), help="write the tables here")
     reports = "measure nothing: the tables of these --json files, a later one's parts replacing"
     parser.add_argument("--report", nargs="+", metavar="JSON", help=reports + " an earlier one's")
+    parser.add_argument(
+        "--trace", help="folder: torch.profiler over 5 steps after the warm-up of each plain run"
+        " (rank 0: op table, Chrome trace; slower steps, counted in its tokens/s)",
+    )  # fmt: skip
     parser.add_argument("--plain-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--overrides", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
-        plain_processes(args.plain_child, args.overrides, args.warmup, args.steps)
+        plain_processes(args.plain_child, args.overrides, args.warmup, args.steps, args.trace)
         return
     page = harness.Page(Path(args.readme), *MARKERS) if args.readme else None
     if page:  # before minutes are spent measuring

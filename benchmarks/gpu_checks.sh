@@ -124,7 +124,8 @@ case ${1:-tests} in
               # compilation) under each trainer (TRAINERS="fsdp ddp"), 16 x 1024 bytes per GPU:
               # rank 0's op table and its Chrome trace gzipped, graph breaks and recompiles logged
               # (EXPERIMENT=gpt_bytes_tiny: the same on the CPU, to check the script; EXTRA="k=v ..."
-              # more overrides, TAG a name for their files). Lightning's record_module_names is off:
+              # more overrides, TAG a name for their files), then the plain DDP loop over the same
+              # steps (gpt_scaling.py --trace). Lightning's record_module_names is off:
               # its record_function around every module's forward breaks torch.compile's graphs.
     for t in ${TRAINERS:-fsdp ddp}; do
       name=$t${TAG:+_$TAG}; dir=/tmp/gpt-trace-$name; rm -rf "$dir"
@@ -140,6 +141,16 @@ case ${1:-tests} in
       cp "$profiler/fit-profile-0.txt" "$out/gpt_trace_$name.txt"
       gzip -c "$(ls "$profiler"/*.pt.trace.json | head -1)" > "$out/gpt_trace_$name.json.gz"
     done
+    # The plain DDP loop traced 5 steps after its first 60 (16 x 1024 bytes per GPU): what volt's
+    # ddp trace is compared with (PLAIN=0 skips it)
+    if [ "${PLAIN:-1}" = 1 ]; then
+      dir=/tmp/gpt-trace-plain; rm -rf "$dir"; tiny=(); [ "${EXPERIMENT:-}" = gpt_bytes_tiny ] && tiny=(--tiny)
+      timeout -k 10 "${TRACE_TIMEOUT:-240}" python benchmarks/gpt_scaling.py "${tiny[@]}" --runs plain-ddp \
+        --warmup 60 --steps 8 --trace "$dir" --work "$dir/work" > "$out/gpt_trace_plain.log" 2>&1
+      echo "gpt plain DDP loop traced: exit $?"
+      cp "$dir"/plain-*.txt "$out/gpt_trace_plain.txt"
+      gzip -c "$(ls "$dir"/plain-*.pt.trace.json | head -1)" > "$out/gpt_trace_plain.json.gz"
+    fi
     ;;
   sweeps)  # two GPUs (issue #25): sweeps side by side, a DDP queue, an Optuna search, a failed job
           # (needs the optuna and colorlog wheels beside Hydra's)

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -50,3 +51,20 @@ def test_the_loop_times_the_steps_after_the_warm_up(
     assert seconds > 0 and len(losses) == 12  # a loss for every step, warm-up ones too
     assert losses[-1] < losses[0]
     assert all(not torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
+
+
+def test_a_traced_loop_records_the_first_timed_steps(
+    load_benchmark: Callable[[str], ModuleType], tmp_path: Path
+) -> None:
+    """The plain side's trace (gpt_scaling.py --trace) covers the steps after the warm-up, as
+    volt's runs are traced: 5 of them, not a warm-up one (compilation on a GPU)."""
+    plain = load_benchmark("gpt_plain")
+    net = GPT(block_size=16, n_layer=1, n_head=2, n_embd=32)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    corpus = torch.randint(0, 8, (4096,), dtype=torch.uint8)
+    trace = tmp_path / "traces" / "plain-1"
+    plain.train(net, optimizer, corpus, 4, 16, bf16=False, clip=1.0, warmup=3, steps=8, trace=trace)
+    events = json.loads(trace.with_suffix(".pt.trace.json").read_text())["traceEvents"]
+    steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == [f"ProfilerStep#{n}" for n in range(3, 8)]  # the 4th to 8th steps: timed
+    assert "aten::mm" in trace.with_suffix(".txt").read_text()

@@ -153,7 +153,7 @@ def test_a_rung_whose_optimiser_state_outgrows_a_gpu_is_not_run(
     scaling: ModuleType, tmp_path: Path
 ) -> None:
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options |= dict(runs=[], largest=[], compile_cache="cold", extra=[])
+    options |= dict(runs=[], largest=[], compile_cache="cold", extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
     )
@@ -252,7 +252,7 @@ def test_both_sides_get_the_same_compile_cache_policy(
     # compiled before them (issue #40): every run now starts from an empty cache of its own, or
     # all share one; the report names which.
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options |= dict(runs=["plain-1"], largest=None, compile_cache=cache, extra=[])
+    options |= dict(runs=["plain-1"], largest=None, compile_cache=cache, extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
     )
@@ -278,3 +278,33 @@ def test_a_run_in_a_used_work_folder_gets_a_fresh_name(scaling: ModuleType, tmp_
     assert scaling.fresh(tmp_path, "volt-fsdp", ".log") == tmp_path / "volt-fsdp-2.log"
     (tmp_path / "volt-fsdp-2.log").write_text("")
     assert scaling.fresh(tmp_path, "volt-fsdp", ".log") == tmp_path / "volt-fsdp-3.log"
+
+
+def test_a_traced_benchmark_hands_the_folder_to_the_plain_runs_only(
+    scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options |= dict(runs=["plain-ddp", "volt-ddp"], largest=None, compile_cache="cold", extra=[])
+    plan = scaling.make_plan(
+        argparse.Namespace(
+            tiny=True, probe_timeout=60.0, work=str(tmp_path), trace="traces", **options
+        )
+    )
+    commands = []
+
+    class Failed:
+        wall_s = 0.0
+
+        def failure(self) -> str:
+            return "not run"
+
+    def run_fresh(command: list[str], *args: object, **kwargs: object) -> Failed:
+        commands.append(command)
+        return Failed()
+
+    monkeypatch.setattr(scaling.harness, "run_fresh", run_fresh)
+    for run in ("plain-ddp", "volt-ddp"):
+        assert scaling.measure(run, plan)["error"] == "not run"
+    plain, volt = commands
+    assert plain[plain.index("--trace") + 1] == str(Path("traces").resolve())
+    assert "--trace" not in volt
