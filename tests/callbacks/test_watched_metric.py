@@ -36,6 +36,7 @@ def fit(
     epochs: int,
     ckpt_path: Path | None = None,
     follow_first: bool = True,
+    **trainer_options: Any,
 ):
     made = Made()
     best = made(
@@ -55,6 +56,7 @@ def fit(
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        **trainer_options,
     )
     if ckpt_path is not None and follow_first:  # as volt.training does
         check.follow_checkpoint(trainer, ckpt_path)
@@ -113,3 +115,22 @@ def test_a_metric_another_rank_did_not_log_is_not_followed(
     )
     trainer, best, stop = fit(tmp_path, "val/acc", "max", epochs=2)
     assert stop is None and best is trainer.checkpoint_callbacks[-1]  # only last.ckpt's is left
+
+
+def test_a_fit_without_validation_keeps_last_ckpt_and_warns_of_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
+) -> None:
+    """trainer.limit_val_batches=0: Lightning 2.6.6 warned at every save that the best
+    checkpoint's metric was missing; the followers go, with one line saying why."""
+    caplog.set_level("INFO", logger="volt.callbacks.watched_metric")
+    trainer, best, stop = fit(tmp_path, "val/loss", "min", 2, limit_val_batches=0)
+    assert best is not None and best.monitor is None  # last.ckpt's callback alone
+    assert stop is None
+    assert (tmp_path / "last.ckpt").is_file()
+    assert [
+        r.getMessage() for r in caplog.records if r.name == "volt.callbacks.watched_metric"
+    ] == [
+        "no best checkpoint nor early stopping: trainer.limit_val_batches=0, no validation"
+        " (last.ckpt is kept)"
+    ]
+    assert not [w for w in recwarn if "could not find the monitored key" in str(w.message)]

@@ -77,15 +77,18 @@ class WatchedMetricCheck(Callback):
             pl_module.log("train/loss", loss.detach())
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.judged or is_overridden("validation_step", pl_module):
+        if self.judged:
+            return
+        if not is_overridden("validation_step", pl_module):
+            why = f"{type(pl_module).__name__} has no validation_step"
+        elif trainer.limit_val_batches == 0:  # (Lightning warned at every save, 2.6.6)
+            why = f"trainer.limit_val_batches={trainer.limit_val_batches}, no validation"
+        else:
             return
         self.judged = True
         for callback in self._followers(trainer):
             trainer.callbacks.remove(callback)  # type: ignore[attr-defined]
-        log.info(
-            "no best checkpoint nor early stopping: %s has no validation_step (last.ckpt is kept)",
-            type(pl_module).__name__,
-        )
+        log.info("no best checkpoint nor early stopping: %s (last.ckpt is kept)", why)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.judged:
