@@ -123,7 +123,7 @@ def test_a_fit_without_validation_keeps_last_ckpt_and_warns_of_nothing(
     """trainer.limit_val_batches=0: Lightning 2.6.6 warned at every save that the best
     checkpoint's metric was missing; the followers go, with one line saying why."""
     caplog.set_level("INFO", logger="volt.callbacks.watched_metric")
-    trainer, best, stop = fit(tmp_path, "val/loss", "min", 2, limit_val_batches=0)
+    _, best, stop = fit(tmp_path, "val/loss", "min", 2, limit_val_batches=0)
     assert best is not None and best.monitor is None  # last.ckpt's callback alone
     assert stop is None
     assert (tmp_path / "last.ckpt").is_file()
