@@ -125,7 +125,8 @@ case ${1:-tests} in
               # rank 0's op table and its Chrome trace gzipped, graph breaks and recompiles logged
               # (EXPERIMENT=gpt_bytes_tiny: the same on the CPU, to check the script; EXTRA="k=v ..."
               # more overrides, TAG a name for their files), then the plain DDP loop over the same
-              # steps (gpt_scaling.py --trace). Lightning's record_module_names is off:
+              # steps (gpt_scaling.py --trace); each trace's steps read by trace_steps.py (host,
+              # GPU busy, collectives, GPU idle). Lightning's record_module_names is off:
               # its record_function around every module's forward breaks torch.compile's graphs.
     for t in ${TRAINERS:-fsdp ddp}; do
       name=$t${TAG:+_$TAG}; dir=/tmp/gpt-trace-$name; rm -rf "$dir"
@@ -151,6 +152,7 @@ case ${1:-tests} in
       cp "$dir"/plain-*.txt "$out/gpt_trace_plain.txt"
       gzip -c "$(ls "$dir"/plain-*.pt.trace.json | head -1)" > "$out/gpt_trace_plain.json.gz"
     fi
+    python benchmarks/trace_steps.py "$out"/gpt_trace_*.json.gz | tee "$out/gpt_trace_steps.txt"
     ;;
   sweeps)  # two GPUs (issue #25): sweeps side by side, a DDP queue, an Optuna search, a failed job
           # (needs the optuna and colorlog wheels beside Hydra's)
