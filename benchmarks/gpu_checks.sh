@@ -131,7 +131,7 @@ case ${1:-tests} in
     for t in ${TRAINERS:-fsdp ddp}; do
       name=$t${TAG:+_$TAG}; dir=/tmp/gpt-trace-$name; rm -rf "$dir"
       TORCH_LOGS=graph_breaks,recompiles timeout -k 10 "${TRACE_TIMEOUT:-240}" python train.py \
-        experiment=${EXPERIMENT:-gpt_bytes} trainer=$t data.batch_size=32 debug=profiler \
+        experiment=${EXPERIMENT:-gpt_bytes} trainer=$t data.batch_size=${BATCH:-32} debug=profiler \
         trainer.limit_train_batches=68 trainer.profiler.schedule.wait=60 \
         trainer.profiler.profile_memory=false trainer.profiler.record_shapes=false \
         +trainer.profiler.record_module_names=false ${EXTRA:-} trainer.limit_val_batches=0 trainer.num_sanity_val_steps=0 test=false \
@@ -143,12 +143,12 @@ case ${1:-tests} in
       gzip -c "$(ls "$profiler"/*.pt.trace.json | head -1)" > "$out/gpt_trace_$name.json.gz"
     done
     # The plain DDP loop traced 5 steps after its first 60 (16 x 1024 bytes per GPU): what volt's
-    # ddp trace is compared with (PLAIN=0 skips it)
+    # ddp trace is compared with (PLAIN=0 skips it; on one GPU: TRAINERS=gpu BATCH=16 PLAIN_RUN=plain-1)
     if [ "${PLAIN:-1}" = 1 ]; then
       dir=/tmp/gpt-trace-plain; rm -rf "$dir"; tiny=(); [ "${EXPERIMENT:-}" = gpt_bytes_tiny ] && tiny=(--tiny)
-      timeout -k 10 "${TRACE_TIMEOUT:-240}" python benchmarks/gpt_scaling.py "${tiny[@]}" --runs plain-ddp \
+      timeout -k 10 "${TRACE_TIMEOUT:-240}" python benchmarks/gpt_scaling.py "${tiny[@]}" --runs "${PLAIN_RUN:-plain-ddp}" \
         --warmup 60 --steps 8 --trace "$dir" --work "$dir/work" > "$out/gpt_trace_plain.log" 2>&1
-      echo "gpt plain DDP loop traced: exit $?"
+      echo "gpt plain loop (${PLAIN_RUN:-plain-ddp}) traced: exit $?"
       cp "$dir"/plain-*.txt "$out/gpt_trace_plain.txt"
       gzip -c "$(ls "$dir"/plain-*.pt.trace.json | head -1)" > "$out/gpt_trace_plain.json.gz"
     fi
