@@ -14,6 +14,7 @@ net's training FLOPs per token times tokens/s over the device's peak, where volt
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import harness  # benchmarks/, the folder of this script, is first on sys.path
@@ -34,19 +35,20 @@ def draw_batch(corpus: Tensor, batch_size: int, block_size: int) -> tuple[Tensor
     return window[:, :-1], window[:, 1:]
 
 
+TRACED_STEPS = 5
+
+
 def train(
     model: nn.Module, optimizer: torch.optim.Optimizer, corpus: Tensor, batch_size: int,
     block_size: int, *, bf16: bool, clip: float, warmup: int, steps: int,
-    trace: Path | None = None,
+    after_step: Callable[[], object] | None = None,
 ) -> tuple[float, list[Tensor]]:  # fmt: skip
     """`warmup` untimed steps of `model` (the net, or DDP around it) on random windows of `corpus`,
     then `steps` timed ones, the device synchronised only at their edges: the timed steps'
-    seconds, and every step's loss (left on the device). With `trace` (a path less its suffix):
-    torch.profiler over the first TRACED_STEPS timed steps, written as `trace`.txt (the op table)
-    and `trace`.pt.trace.json; those steps are slower, and their time counts."""
+    seconds, and every step's loss (left on the device). `after_step` is called after each step
+    (a profiler's `step`)."""
     device = corpus.device
     windows = harness.Windows(warmup, steps, 1, lambda: harness.synchronize(device))
-    profiler = None if trace is None else traced_steps(device, warmup)
     windows.step_done(0)
     losses = []
     for n in range(1, windows.total + 1):
@@ -63,30 +65,35 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
         windows.step_done(n)
-        if profiler is not None:
-            profiler.step()
-    if profiler is not None and trace is not None:
-        profiler.stop()
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
-        trace.with_suffix(".txt").write_text(table)
-        profiler.export_chrome_trace(str(trace.with_suffix(".pt.trace.json")))
+        if after_step is not None:
+            after_step()
     return windows.seconds()[0], losses
 
 
-TRACED_STEPS = 5
-
-
-def traced_steps(device: torch.device, warmup: int) -> torch.profiler.profile:
-    """A started profiler that records steps warmup + 1 to warmup + TRACED_STEPS (CPU and CUDA),
-    as volt's runs are traced (`gpu_checks.sh gpt-trace`)."""
+def traced_steps(device: torch.device, skipped: int) -> torch.profiler.profile:
+    """A started profiler (CPU, and CUDA on a GPU) that records steps skipped + 1 to skipped +
+    TRACED_STEPS when its `step` is called after each: as volt's runs are traced by
+    `gpu_checks.sh gpt-trace` (Lightning's profiler, `wait` 60 and `warmup` 2: skipped=62)."""
+    if skipped < 1:
+        raise ValueError(f"traced_steps: skipped={skipped}, must be 1 or more (a warm-up step)")
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    schedule = torch.profiler.schedule(wait=warmup - 1, warmup=1, active=TRACED_STEPS, repeat=1)
+    schedule = torch.profiler.schedule(
+        wait=skipped - 1, warmup=1, active=TRACED_STEPS, repeat=1
+    )  # fmt: skip
     profiler = torch.profiler.profile(activities=activities, schedule=schedule)
     profiler.start()
     return profiler
+
+
+def write_trace(profiler: torch.profiler.profile, to: Path) -> None:
+    """A stopped `traced_steps` profiler's op table (`to`.txt, by self CPU time) and Chrome trace
+    (`to`.pt.trace.json)."""
+    to.parent.mkdir(parents=True, exist_ok=True)
+    table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+    to.with_suffix(".txt").write_text(table)
+    profiler.export_chrome_trace(str(to.with_suffix(".pt.trace.json")))
 
 
 def main() -> None:

@@ -22,8 +22,10 @@ a ladder of GPT shapes (n_layer x n_embd, heads of 128) on all GPUs: `train.py` 
 fails or passes `--probe-timeout`. A rung whose weights, gradients and AdamW state alone (16 bytes
 a parameter, over N GPUs under FSDP) exceed a GPU is out of memory unrun.
 
---trace DIR: rank 0 of each plain run traces 5 steps after the warm-up with torch.profiler (its op
-table and Chrome trace in DIR; `gpu_checks.sh gpt-trace` sets it beside volt's own traces).
+--trace DIR: every rank of each plain run traces the TRACED_STEPS (5) steps after the warm-up with
+torch.profiler: its op table and Chrome trace in DIR, named by world size and rank; those steps
+are slower, and count in the run's tokens/s (`gpu_checks.sh gpt-trace` sets it beside volt's
+own traces; refused with --readme).
 
 Results go to `--json` after each run; the tables are printed, and with --readme written between
 the page's markers.
@@ -46,7 +48,7 @@ import harness  # benchmarks/, the folder of this script, is first on sys.path
 import numpy as np
 import torch
 import torch.distributed as dist
-from gpt_plain import train
+from gpt_plain import TRACED_STEPS, traced_steps, train, write_trace
 from torch.nn.parallel import DistributedDataParallel
 
 from volt.build import build_datamodule, build_model
@@ -143,7 +145,7 @@ class Plan:
     # shared: all runs use one cache, so a graph an earlier run compiled is read back
     compile_cache: str = "cold"
     extra: tuple[str, ...] = ()  # more overrides of volt's runs (e.g. an FSDP setting), reported
-    trace: Path | None = None  # the plain runs' traces of rank 0 go here (gpt_plain.traced_steps)
+    trace: Path | None = None  # the plain runs' traces go here (gpt_plain.traced_steps)
 
     def cache_env(self, run: str) -> dict[str, str]:
         """The environment of a run: torch.compile's and Triton's caches as `compile_cache` says."""
@@ -203,11 +205,17 @@ def plain_rank(
     )
     corpus = torch.from_numpy(np.fromfile(datamodule.corpus_path(), dtype=np.uint8)).to(device)
     batch, block = cfg.data.batch_size // world, cfg.data.block_size
+    # Every rank traced, as Lightning's profiler traces volt's: an untraced rank would reach each
+    # all-reduce early and shorten the traced one's waits there.
+    profiler = traced_steps(device, warmup) if trace else None
     seconds, _ = train(
         trained, optimizer, corpus, batch, block, bf16=cfg.precision == "bf16-mixed",
         clip=cfg.trainer.gradient_clip_val or 0.0, warmup=warmup, steps=steps,
-        trace=Path(trace) / f"plain-{world}" if trace and rank == 0 else None,
+        after_step=profiler.step if profiler else None,
     )  # fmt: skip
+    if profiler and trace:
+        profiler.stop()
+        write_trace(profiler, Path(trace) / f"plain-{world}-rank{rank}")
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     ranks: list[dict[str, Any]] = [{"seconds": seconds, "peak_gib": peak}]
     if world > 1:
@@ -575,9 +583,11 @@ def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dic
         "machine": {"device": plan.device, "gpus": plan.gpus, **harness.versions()}
     }
     if args.runs:
-        keys = ("experiment", "variant", "block_size", "batch_per_gpu", "warmup", "steps")
-        keys += ("compile_cache", "extra")
+        keys: tuple[str, ...] = ("experiment", "variant", "block_size", "batch_per_gpu")
+        keys += ("warmup", "steps", "compile_cache", "extra")
         about["throughput"] = {key: getattr(plan, key) for key in keys}
+        if plan.trace:  # the plain runs' traced steps are slower, and in their tokens/s
+            about["throughput"]["traced"] = str(plan.trace)
     if args.largest is not None:
         about["largest"] = {
             "ladder": [str(shape) for shape in ladder],
@@ -634,8 +644,8 @@ def main() -> None:
     reports = "measure nothing: the tables of these --json files, a later one's parts replacing"
     parser.add_argument("--report", nargs="+", metavar="JSON", help=reports + " an earlier one's")
     parser.add_argument(
-        "--trace", help="folder: torch.profiler over 5 steps after the warm-up of each plain run"
-        " (rank 0: op table, Chrome trace; slower steps, counted in its tokens/s)",
+        "--trace", help=f"folder: torch.profiler over {TRACED_STEPS} steps after the warm-up of"
+        " each plain run (every rank: op table, Chrome trace; slower steps, in its tokens/s)",
     )  # fmt: skip
     parser.add_argument("--plain-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--overrides", nargs="+", help=argparse.SUPPRESS)
@@ -643,6 +653,11 @@ def main() -> None:
     if args.plain_child:
         plain_processes(args.plain_child, args.overrides, args.warmup, args.steps, args.trace)
         return
+    if args.trace and args.readme:
+        parser.error(
+            "--trace slows the plain runs' traced steps: their tokens/s is no table's; leave out"
+            " --readme (or --trace)"
+        )
     page = harness.Page(Path(args.readme), *MARKERS) if args.readme else None
     if page:  # before minutes are spent measuring
         page.check("gpt_scaling")

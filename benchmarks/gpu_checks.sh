@@ -140,18 +140,24 @@ case ${1:-tests} in
       echo "gpt $name traced: exit $?"
       profiler=$(ls -d "$dir"/train/runs/*/tensorboard/profiler | head -1)
       cp "$profiler/fit-profile-0.txt" "$out/gpt_trace_$name.txt"
-      gzip -c "$(ls "$profiler"/*.pt.trace.json | head -1)" > "$out/gpt_trace_$name.json.gz"
+      for f in "$profiler"/*.pt.trace.json; do  # every rank's, named by host and pid
+        gzip -c "$f" > "$out/gpt_trace_${name}_$(basename "$f" .pt.trace.json).json.gz"
+      done
     done
-    # The plain DDP loop traced 5 steps after its first 60 (16 x 1024 bytes per GPU): what volt's
+    # The plain DDP loop traced on every rank over the same steps as volt's runs (63-67 of each,
+    # Lightning's profiler after `wait` 60 and `warmup` 2; 16 x 1024 bytes per GPU): what volt's
     # ddp trace is compared with (PLAIN=0 skips it; on one GPU: TRAINERS=gpu BATCH=16 PLAIN_RUN=plain-1)
     if [ "${PLAIN:-1}" = 1 ]; then
       dir=/tmp/gpt-trace-plain; rm -rf "$dir"; tiny=(); [ "${EXPERIMENT:-}" = gpt_bytes_tiny ] && tiny=(--tiny)
       timeout -k 10 "${TRACE_TIMEOUT:-240}" python benchmarks/gpt_scaling.py "${tiny[@]}" --runs "${PLAIN_RUN:-plain-ddp}" \
-        --warmup 60 --steps 8 --trace "$dir" --work "$dir/work" > "$out/gpt_trace_plain.log" 2>&1
+        --warmup 62 --steps 8 --trace "$dir" --work "$dir/work" > "$out/gpt_trace_plain.log" 2>&1
       echo "gpt plain loop (${PLAIN_RUN:-plain-ddp}) traced: exit $?"
-      cp "$dir"/plain-*.txt "$out/gpt_trace_plain.txt"
-      gzip -c "$(ls "$dir"/plain-*.pt.trace.json | head -1)" > "$out/gpt_trace_plain.json.gz"
+      cp "$dir"/plain-*-rank0.txt "$out/gpt_trace_plain.txt"
+      for f in "$dir"/plain-*.pt.trace.json; do
+        gzip -c "$f" > "$out/gpt_trace_$(basename "$f" .pt.trace.json).json.gz"
+      done
     fi
+    # Each trace's whole steps: host, GPU, busy, collectives, idle (the header names the rank)
     python benchmarks/trace_steps.py "$out"/gpt_trace_*.json.gz | tee "$out/gpt_trace_steps.txt"
     ;;
   sweeps)  # two GPUs (issue #25): sweeps side by side, a DDP queue, an Optuna search, a failed job

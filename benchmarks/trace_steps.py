@@ -1,35 +1,43 @@
-"""Step by step, what torch.profiler's Chrome traces say of where a step's time went: the host's
-time in each profiled step, the GPU's time from the end of the step before to the end of this
-one, how much of that it was busy (kernels, copies and fills on any stream, overlaps counted
-once), of which collectives (NCCL kernels) and collectives no other work overlapped, and how
-long it sat idle. A step whose GPU idles is bound by its host (or waits on another rank); one
-whose GPU is busy throughout is bound by the GPU.
+"""Step by step, what torch.profiler's Chrome traces say of where a training step's time went:
+the host's time from one optimizer step's end to the next's, the GPU's time from the end of the
+step before's GPU work to the end of this one's, how much of that it was busy (kernels, copies
+and fills on any stream, overlaps counted once), of which collectives (NCCL kernels) and
+collectives no other work overlapped, and how long it sat idle. A step whose GPU idles is bound
+by its host (or waits on another rank); one whose GPU is busy throughout is bound by the GPU.
 
     python benchmarks/trace_steps.py run/tensorboard/profiler/*.pt.trace.json other.json.gz
 
-The GPU's work is given to the step whose host launched it (CUDA's correlation ids), so queued
-work that runs during the next step's host time still counts for its own step. The traces of
-`gpu_checks.sh gpt-trace` (volt's runs and the plain DDP loop) are read this way there.
+Steps are cut at the ends of the `Optimizer.step#...` annotations, which a Lightning run and a
+plain loop both record (Lightning's own `ProfilerStep` marks fall between forward and backward):
+N traced optimizer steps give N - 1 whole steps. The GPU's work is given to the step whose host
+launched it (CUDA's correlation ids; runtime and driver launches alike: compiled Triton kernels
+go through the driver), so queued work that runs during the next step's host time still counts
+for its own step. The traces of `gpu_checks.sh gpt-trace` (volt's runs and the plain loop) are
+read this way there.
 """
 
 import argparse
+import bisect
 import gzip
 import json
-import re
+import math
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-STEP = re.compile(r"ProfilerStep#(\d+)")
-GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
+LAUNCHES = {"cuda_runtime", "cuda_driver"}
+GPU_KEYS = ("gpu_ms", "busy_ms", "nccl_ms", "nccl_alone_ms", "idle_ms")
+GPU_WORK = {"kernel", "gpu_memcpy", "gpu_memset"}
 Interval = tuple[float, float]
 
 
-def load(path: Path) -> list[dict[str, Any]]:
+def load(path: Path) -> tuple[list[dict[str, Any]], int | None]:
+    """A trace's events, and the rank that wrote it where it says (torch.distributed's)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as file:
-        return json.load(file)["traceEvents"]
+        trace = json.load(file)
+    return trace["traceEvents"], trace.get("distributedInfo", {}).get("rank")
 
 
 def union(intervals: list[Interval]) -> list[Interval]:
@@ -56,59 +64,66 @@ def minus(these: list[Interval], those: list[Interval]) -> float:
 
 
 def steps(events: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """One row a profiled step, in milliseconds (the trace's times are microseconds)."""
-    marks = sorted(
-        (e for e in events if e.get("ph") == "X" and STEP.fullmatch(str(e.get("name")))),
-        key=lambda e: e["ts"],
+    """One row a whole traced step, in milliseconds (the trace's times are microseconds)."""
+    ends = sorted(
+        e["ts"] + e["dur"]
+        for e in events
+        if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("Optimizer.step#")
     )
-    launched_in = {}  # correlation id -> the step whose host launched it
+    launched_in = {}  # correlation id -> the step (index into ends) whose host launched it
     for event in events:
-        if event.get("cat") != "cuda_runtime" or "correlation" not in event.get("args", {}):
-            continue
-        for n, mark in enumerate(marks):
-            if mark["ts"] <= event["ts"] < mark["ts"] + mark["dur"]:
+        if event.get("cat") in LAUNCHES and "correlation" in event.get("args", {}):
+            n = bisect.bisect_left(ends, event["ts"])
+            if n < len(ends):  # after the last optimizer step's end: not a whole step's
                 launched_in[event["args"]["correlation"]] = n
-                break
-    work: dict[int, list[Interval]] = defaultdict(list)
     collectives: dict[int, list[Interval]] = defaultdict(list)
+    others: dict[int, list[Interval]] = defaultdict(list)
     for event in events:
-        if event.get("cat") not in GPU_CATEGORIES:
+        step = launched_in.get(event.get("args", {}).get("correlation"))
+        if event.get("cat") not in GPU_WORK or step is None:
             continue
-        n = launched_in.get(event.get("args", {}).get("correlation"))
-        if n is None:
+        kind = collectives if "nccl" in event["name"].lower() else others
+        kind[step].append((event["ts"], event["ts"] + event["dur"]))
+    rows = []
+    for n in range(1, len(ends)):
+        host_ms = (ends[n] - ends[n - 1]) / 1e3
+        before = union(collectives[n - 1] + others[n - 1])
+        work = union(collectives[n] + others[n])
+        if not before or not work:  # no GPU work to measure from or to (a CPU run's trace)
+            rows.append({"host_ms": host_ms} | dict.fromkeys(GPU_KEYS, math.nan))
             continue
-        span = (event["ts"], event["ts"] + event["dur"])
-        work[n].append(span)
-        if "nccl" in event["name"].lower():
-            collectives[n].append(span)
-    rows, gpu_end = [], None
-    for n, mark in enumerate(marks):
-        busy, nccl = union(work[n]), union(collectives[n])
-        others = union([s for s in work[n] if s not in collectives[n]])
-        end = busy[-1][1] if busy else None
-        span = end - gpu_end if end is not None and gpu_end is not None else None
+        start, end = before[-1][1], work[-1][1]
+        busy = clipped(work, start, end)
+        nccl = clipped(union(collectives[n]), start, end)
         rows.append(
             {
-                "step": int(STEP.fullmatch(mark["name"])[1]),  # type: ignore[index]
-                "host_ms": mark["dur"] / 1e3,
-                "gpu_ms": span / 1e3 if span is not None else float("nan"),
+                "host_ms": host_ms,
+                "gpu_ms": (end - start) / 1e3,
                 "busy_ms": length(busy) / 1e3,
                 "nccl_ms": length(nccl) / 1e3,
-                "nccl_alone_ms": minus(nccl, others) / 1e3,
-                "idle_ms": (span - length(busy)) / 1e3 if span is not None else float("nan"),
+                "nccl_alone_ms": minus(nccl, clipped(union(others[n]), start, end)) / 1e3,
+                "idle_ms": (end - start - length(busy)) / 1e3,
             }
         )
-        gpu_end = end if end is not None else gpu_end
     return rows
 
 
+def clipped(intervals: list[Interval], start: float, end: float) -> list[Interval]:
+    return [(max(a, start), min(b, end)) for a, b in intervals if b > start and a < end]
+
+
 def report(path: Path) -> str:
-    rows = steps(load(path))
-    lines = [f"{path.name}: ms a step (gpu: from the step before's last GPU work to this one's)"]
-    keys = ("host_ms", "gpu_ms", "busy_ms", "nccl_ms", "nccl_alone_ms", "idle_ms")
-    lines.append("  step " + " ".join(f"{key.removesuffix('_ms'):>10}" for key in keys))
+    events, rank = load(path)
+    rows = steps(events)
+    if not rows:
+        raise ValueError("fewer than two optimizer steps (Optimizer.step# annotations)")
+    keys = ("host_ms", *GPU_KEYS)
+    lines = [f"{path.name}{f' (rank {rank})' if rank is not None else ''}: ms a whole step"]
+    lines.append("  " + " ".join(f"{key.removesuffix('_ms'):>11}" for key in keys))
     for row in rows:
-        lines.append(f"  {row['step']:>4} " + " ".join(f"{row[key]:>10.2f}" for key in keys))
+        lines.append("  " + " ".join(f"{row[key]:>11.2f}" for key in keys))
+    means = {key: sum(row[key] for row in rows) / len(rows) for key in keys}
+    lines.append("  " + " ".join(f"{means[key]:>11.2f}" for key in keys) + "  (mean)")
     return "\n".join(lines)
 
 
@@ -117,11 +132,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("traces", nargs="+", type=Path, help="Chrome traces, .json or .json.gz")
+    failed = False
     for path in parser.parse_args().traces:
         try:
             print(report(path))
         except (OSError, ValueError, KeyError) as error:
             print(f"{path}: not read: {error}", file=sys.stderr)
+            failed = True
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -53,18 +53,30 @@ def test_the_loop_times_the_steps_after_the_warm_up(
     assert all(not torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
 
 
-def test_a_traced_loop_records_the_first_timed_steps(
+def test_a_traced_loop_records_the_steps_after_those_it_skips(
     load_benchmark: Callable[[str], ModuleType], tmp_path: Path
 ) -> None:
     """The plain side's trace (gpt_scaling.py --trace) covers the steps after the warm-up, as
-    volt's runs are traced: 5 of them, not a warm-up one (compilation on a GPU)."""
+    volt's runs are traced: TRACED_STEPS of them, none of the warm-up (compilation on a GPU)."""
     plain = load_benchmark("gpt_plain")
     net = GPT(block_size=16, n_layer=1, n_head=2, n_embd=32)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
     corpus = torch.randint(0, 8, (4096,), dtype=torch.uint8)
-    trace = tmp_path / "traces" / "plain-1"
-    plain.train(net, optimizer, corpus, 4, 16, bf16=False, clip=1.0, warmup=3, steps=8, trace=trace)
+    profiler = plain.traced_steps(corpus.device, 3)
+    plain.train(
+        net, optimizer, corpus, 4, 16, bf16=False, clip=1.0, warmup=3, steps=8,
+        after_step=profiler.step,
+    )  # fmt: skip
+    profiler.stop()
+    trace = tmp_path / "traces" / "plain-1-rank0"
+    plain.write_trace(profiler, trace)
     events = json.loads(trace.with_suffix(".pt.trace.json").read_text())["traceEvents"]
-    steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    steps = sorted(
+        e["name"]
+        for e in events
+        if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")
+    )
     assert steps == [f"ProfilerStep#{n}" for n in range(3, 8)]  # the 4th to 8th steps: timed
     assert "aten::mm" in trace.with_suffix(".txt").read_text()
+    with pytest.raises(ValueError, match="skipped=0"):
+        plain.traced_steps(corpus.device, 0)

@@ -308,3 +308,16 @@ def test_a_traced_benchmark_hands_the_folder_to_the_plain_runs_only(
     plain, volt = commands
     assert plain[plain.index("--trace") + 1] == str(Path("traces").resolve())
     assert "--trace" not in volt
+    about = scaling.about_this(plan, [], argparse.Namespace(runs=["plain-ddp"], largest=None))
+    assert about["throughput"]["traced"] == str(Path("traces").resolve())
+
+
+def test_a_traced_benchmark_writes_no_readme(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(OLD_README)
+    command = [sys.executable, str(SCRIPT), "--tiny", "--trace", str(tmp_path / "traces")]
+    done = subprocess.run(
+        [*command, "--readme", str(readme)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "leave out --readme" in done.stderr
+    assert readme.read_text() == OLD_README and not (tmp_path / "traces").exists()

@@ -16,9 +16,9 @@ def trace_steps(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
     return load_benchmark("trace_steps")
 
 
-def launch(ts: float, correlation: int) -> dict:
+def launch(ts: float, correlation: int, category: str = "cuda_runtime") -> dict:
     return {
-        "ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 5,
+        "ph": "X", "cat": category, "name": "cudaLaunchKernel", "ts": ts, "dur": 5,
         "args": {"correlation": correlation},
     }  # fmt: skip
 
@@ -30,23 +30,32 @@ def kernel(name: str, ts: float, dur: float, correlation: int) -> dict:
     }  # fmt: skip
 
 
-def step(n: int, ts: float, dur: float) -> dict:
-    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": ts, "dur": dur}
+def optimizer_step(ts: float, dur: float, category: str = "user_annotation") -> dict:
+    return {"ph": "X", "cat": category, "name": "Optimizer.step#AdamW.step", "ts": ts, "dur": dur}
 
 
-# Step 7's host runs 0-1000 µs and launches a matmul and an all-reduce that overlaps it by half;
-# step 8's host runs 1000-4000 µs (slow: a host-bound step) and launches one kernel at its end,
-# run at 4000-4500 after the GPU has idled since 1600.
+# Three optimizer steps, ending at 1000, 2000 and 5000 µs: two whole steps. The first (before
+# 1000) launches a matmul run at 200-1200: where the GPU's time of the next starts. The second
+# launches a matmul (runtime API) and an all-reduce (driver API, as Triton's and some NCCL
+# launches are) that overlaps it; the third's host is slow (a host-bound step) and launches one
+# kernel at its end, run at 5000-5500 after the GPU has idled since 2600. The GPU's copy of an
+# annotation (gpu_user_annotation) is no optimizer step of the host's.
 EVENTS = [
-    step(7, 0, 1000),
+    optimizer_step(0, 1000),
     launch(100, 1),
-    kernel("ampere_bf16_gemm", 200, 1000, 1),
-    launch(150, 2),
-    kernel("ncclDevKernel_AllReduce_Sum_bf16", 700, 900, 2),
-    step(8, 1000, 3000),
-    launch(3900, 3),
-    kernel("elementwise_kernel", 4000, 500, 3),
-    kernel("not_launched_in_a_step", 5000, 100, 99),
+    kernel("sm90_bf16_gemm", 200, 1000, 1),
+    optimizer_step(1000, 1000),
+    optimizer_step(1200, 1500, category="gpu_user_annotation"),
+    launch(1100, 2),
+    kernel("sm90_bf16_gemm", 1300, 1000, 2),
+    launch(1150, 3, category="cuda_driver"),
+    kernel("ncclDevKernel_AllReduce_Sum_bf16", 2000, 600, 3),
+    optimizer_step(2000, 3000),
+    launch(4900, 4),
+    kernel("elementwise_kernel", 5000, 500, 4),
+    kernel("not_launched_in_the_trace", 5000, 100, 99),
+    launch(5100, 5),  # after the last optimizer step: no whole step's
+    kernel("elementwise_kernel", 5600, 100, 5),
 ]
 
 
@@ -55,17 +64,42 @@ def test_each_step_gets_the_gpu_work_its_host_launched(
 ) -> None:
     path = tmp_path / "trace.json.gz"
     with gzip.open(path, "wt") as file:
-        json.dump({"traceEvents": EVENTS}, file)
-    first, second = trace_steps.steps(trace_steps.load(path))
-    assert first["step"] == 7 and first["host_ms"] == 1.0
-    assert math.isnan(first["gpu_ms"])  # no step before it to measure from
-    assert first["busy_ms"] == pytest.approx(1.4)  # 200-1600: the overlap counted once
-    assert first["nccl_ms"] == pytest.approx(0.9)
-    assert first["nccl_alone_ms"] == pytest.approx(0.4)  # 1200-1600: nothing else ran
-    assert second["step"] == 8 and second["host_ms"] == 3.0
-    assert second["gpu_ms"] == pytest.approx(2.9)  # from 1600 to 4500
-    assert second["busy_ms"] == pytest.approx(0.5) and second["nccl_ms"] == 0
-    assert second["idle_ms"] == pytest.approx(2.4)  # waiting for its host
-    report = trace_steps.report(path)
-    assert report.splitlines()[0].startswith("trace.json.gz: ms a step")
-    assert report.splitlines()[-1].split() == ["8", "3.00", "2.90", "0.50", "0.00", "0.00", "2.40"]
+        json.dump({"traceEvents": EVENTS, "distributedInfo": {"rank": 1}}, file)
+    events, rank = trace_steps.load(path)
+    assert rank == 1
+    first, second = trace_steps.steps(events)
+    assert first == pytest.approx(
+        {
+            "host_ms": 1.0,
+            "gpu_ms": 1.4,  # from 1200 (the step before's last work) to 2600
+            "busy_ms": 1.3,  # 1300-2600: the overlap counted once
+            "nccl_ms": 0.6,
+            "nccl_alone_ms": 0.3,  # 2300-2600: nothing else ran
+            "idle_ms": 0.1,
+        }
+    )
+    assert second == pytest.approx(
+        {
+            "host_ms": 3.0,
+            "gpu_ms": 2.9,  # 2600 to 5500
+            "busy_ms": 0.5,
+            "nccl_ms": 0.0,
+            "nccl_alone_ms": 0.0,
+            "idle_ms": 2.4,  # waiting for its host
+        }
+    )
+    lines = trace_steps.report(path).splitlines()
+    assert lines[0] == "trace.json.gz (rank 1): ms a whole step"
+    assert lines[-1].split() == ["2.00", "2.15", "0.90", "0.30", "0.15", "1.25", "(mean)"]
+
+
+def test_a_cpu_trace_gives_the_host_time_alone(trace_steps: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "cpu.json"
+    marks = [optimizer_step(0, 10), optimizer_step(10, 10), optimizer_step(20, 30)]
+    path.write_text(json.dumps({"traceEvents": marks}))
+    rows = trace_steps.steps(trace_steps.load(path)[0])
+    assert [row["host_ms"] for row in rows] == [0.01, 0.03]
+    assert all(math.isnan(row[key]) for row in rows for key in trace_steps.GPU_KEYS)
+    path.write_text(json.dumps({"traceEvents": marks[:1]}))
+    with pytest.raises(ValueError, match="fewer than two optimizer steps"):
+        trace_steps.report(path)
