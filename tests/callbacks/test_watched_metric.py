@@ -48,7 +48,10 @@ def fit(
         auto_insert_metric_name=False,
     )
     last = made(ModelCheckpoint, dirpath=tmp_path, filename="last", monitor=None)
-    stop = made(EarlyStopping, monitor=watch, mode=mode, patience=10, min_delta=0.001)
+    stop = made(
+        EarlyStopping, monitor=watch, mode=mode, patience=10, min_delta=0.001,
+        check_on_train_epoch_end=False,  # as volt's config: at validation ends only
+    )  # fmt: skip
     check = WatchedMetricCheck(watch, mode, made.remake)
     trainer = pl.Trainer(
         max_epochs=epochs,
@@ -133,4 +136,19 @@ def test_a_fit_without_validation_keeps_last_ckpt_and_warns_of_nothing(
         "no best checkpoint nor early stopping: trainer.limit_val_batches=0, no validation"
         " (last.ckpt is kept)"
     ]
+    assert not [w for w in recwarn if "could not find the monitored key" in str(w.message)]
+
+
+def test_a_run_resumed_without_validation_follows_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Its first attempt followed val_loss (the module logs no val/loss); resumed with validation
+    off, the followers it restores step aside too."""
+    fit(tmp_path, "val/loss", "min", 2)
+    caplog.set_level("INFO", logger="volt.callbacks.watched_metric")
+    _, best, stop = fit(
+        tmp_path, "val/loss", "min", 3, ckpt_path=tmp_path / "last.ckpt", limit_val_batches=0
+    )
+    assert best is not None and best.monitor is None and stop is None
+    assert "trainer.limit_val_batches=0, no validation" in caplog.text
     assert not [w for w in recwarn if "could not find the monitored key" in str(w.message)]

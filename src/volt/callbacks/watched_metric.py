@@ -4,8 +4,11 @@ or log nothing. Lightning then ends the fit with a multi-line RuntimeError (Earl
 strict) or MisconfigurationException (ModelCheckpoint). Here, after the first validation, both
 follow the metric the module logs (on every rank) under the watched metric's meaning
 (volt.metric_names), else its validation loss (lower is better), else step aside; one line says
-which. last.ckpt (a checkpoint callback without a monitor) is kept, so eval, predict and resume
-still work.
+which. A fit that validates nothing (no `validation_step`, `trainer.limit_val_batches=0`) has
+them step aside as it starts. last.ckpt (a checkpoint callback without a monitor) is kept, so
+eval, predict and resume still work. (Other ways of never validating, a data module without a
+val_dataloader or a `val_check_interval` past `max_steps`, still leave them in place, and
+Lightning warns at each save that the metric is missing.)
 
 To follow another metric, each is made anew by its constructor (from its config entry: volt.build)
 with that monitor, mode and file name, and takes the old one's place: Lightning 2.6.6 has no
@@ -77,8 +80,8 @@ class WatchedMetricCheck(Callback):
             pl_module.log("train/loss", loss.detach())
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.judged:
-            return
+        # Whatever an earlier validation judged (a run resumed with validation off follows what
+        # its first attempt logged): this fit validates nothing, so nothing is followed.
         if not is_overridden("validation_step", pl_module):
             why = f"{type(pl_module).__name__} has no validation_step"
         elif trainer.limit_val_batches == 0:  # (Lightning warned at every save, 2.6.6)
@@ -86,7 +89,9 @@ class WatchedMetricCheck(Callback):
         else:
             return
         self.judged = True
-        for callback in self._followers(trainer):
+        if not (followers := self._followers(trainer)):
+            return
+        for callback in followers:
             trainer.callbacks.remove(callback)  # type: ignore[attr-defined]
         log.info("no best checkpoint nor early stopping: %s (last.ckpt is kept)", why)
 
