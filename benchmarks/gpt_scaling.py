@@ -22,6 +22,10 @@ a ladder of GPT shapes (n_layer x n_embd, heads of 128) on all GPUs: `train.py` 
 fails or passes `--probe-timeout`. A rung whose weights, gradients and AdamW state alone (16 bytes
 a parameter, over N GPUs under FSDP) exceed a GPU is out of memory unrun.
 
+--rounds R: the runs R times, every other round in reverse order, each record marked with its
+round; volt over the plain loop is also given per round and as their median (sides measured
+minutes apart drift with the machine: the ddp ratio moved from 0.86x to 1.00x between calls).
+
 --trace DIR: every rank of each plain run traces the TRACED_STEPS (5) steps after the warm-up with
 torch.profiler: its op table and Chrome trace in DIR, named by world size and rank; those steps
 are slower, and count in the run's tokens/s (`gpu_checks.sh gpt-trace` sets it beside volt's
@@ -40,6 +44,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+from statistics import median
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -456,18 +461,34 @@ def throughput_row(record: dict[str, Any], rate: dict[str, float | None]) -> lis
     """A run's tokens/s, MFU and peak memory; its scaling over the same side's one-GPU run;
     volt's tokens/s over the plain loop's on as many GPUs."""
     run, gpus = record["run"], record["gpus"]
+    name = RUNS[run] + (f" (round {record['round'] + 1})" if "round" in record else "")
     if "error" in record:  # the row's other cells empty, as the page has always shown them
-        return [RUNS[run], str(gpus), f"failed: {record['error'].splitlines()[0]} | | | |"]
+        return [name, str(gpus), f"failed: {record['error'].splitlines()[0]} | | | |"]
     tokens = record["tokens_per_s"]
     one = rate.get("plain-1" if run.startswith("plain") else "volt-gpu")
     plain = rate.get("plain-1" if gpus == 1 else "plain-ddp")
     return [
-        *(RUNS[run], str(gpus), f"{tokens:,.0f}"),
+        *(name, str(gpus), f"{tokens:,.0f}"),
         optional(record["mfu"] and 100 * record["mfu"], "{:.1f}%"),
         optional(record["peak_gib"], "{:.1f}"),
         f"{tokens / one:.2f}x" if gpus > 1 and one else "",
         f"{tokens / plain:.3f}" if run.startswith("volt") and plain else "",
     ]
+
+
+def by_round(rates: dict[int, dict[str, float | None]]) -> list[str]:
+    """With --rounds: each volt run's tokens/s over the plain loop's of the same round."""
+    if len(rates) < 2:
+        return []
+    lines = ["", "Rounds (each a run of every side, the order reversed every other round):"]
+    for run in RUNS:
+        plain = "plain-1" if run == "volt-gpu" else "plain-ddp"
+        pairs = [(r.get(run), r.get(plain)) for r in rates.values()]
+        ratios = [volt / base for volt, base in pairs if volt and base]
+        if run.startswith("volt") and ratios:
+            each = ", ".join(f"{x:.3f}" for x in ratios)
+            lines.append(f"- {RUNS[run]} / plain, by round: {each}; median {median(ratios):.3f}")
+    return lines
 
 
 def largest_row(strategy: str, tried: list[dict[str, Any]]) -> list[str]:
@@ -494,12 +515,17 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
         f"Measured {machine['date']} on {where}, torch {machine['torch']}, Lightning"
         f" {machine['lightning']}, by `python benchmarks/gpt_scaling.py` (its docstring says how)."
     ]
-    runs = sorted((r for r in records if "run" in r), key=lambda r: list(RUNS).index(r["run"]))
+    runs = sorted(
+        (r for r in records if "run" in r),
+        key=lambda r: (list(RUNS).index(r["run"]), r.get("round", 0)),
+    )
     if runs:
         plan = about["throughput"]
         params = next((r["params"] for r in runs if "params" in r), None)
         model = f" ({billions(params)} parameters)" if params else ""
-        rate = {r["run"]: r.get("tokens_per_s") for r in runs}
+        rates: dict[int, dict[str, float | None]] = {}  # round -> run -> tokens/s
+        for r in runs:
+            rates.setdefault(r.get("round", 0), {})[r["run"]] = r.get("tokens_per_s")
         columns = ["run", "GPUs", "tokens/s", "MFU per GPU", "peak GiB per GPU", "scaling"]
         extra = f"; volt's runs with {' '.join(plan['extra'])}" if plan.get("extra") else ""
         lines += [
@@ -512,8 +538,11 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
             f" one GPU ({sum(r['wall_s'] for r in runs):.0f} s for the {len(runs)} runs).",
             "",
             *harness.markdown_table(
-                [*columns, "volt / plain"], "lrrrrrr", (throughput_row(r, rate) for r in runs)
+                [*columns, "volt / plain"],
+                "lrrrrrr",
+                (throughput_row(r, rates[r.get("round", 0)]) for r in runs),
             ),
+            *by_round(rates),
         ]
     probes = [r for r in records if "largest" in r]
     if probes:
@@ -636,6 +665,11 @@ def main() -> None:
         "--largest", nargs="*", type=parse_shape, metavar="LAYERSxWIDTH", help=ladder
     )
     parser.add_argument("--probe-steps", type=int, default=3, help="steps per rung (3)")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="measure the runs this many times, every other round in reverse order; volt over"
+        " the plain loop is reported per round (1)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=240, help="seconds per run (240)")
     parser.add_argument("--probe-timeout", type=float, default=240, help="seconds per rung (240)")
     parser.add_argument("--json", help="the results, after each run; added to if it exists")
@@ -665,6 +699,8 @@ def main() -> None:
         saved = saved_results(args.report)
         table = report(saved["about"], saved["records"])
     else:
+        if args.rounds < 1:
+            parser.error(f"--rounds {args.rounds}: give 1 or more, e.g. --rounds 3")
         for name, value in (("--warmup", args.warmup), ("--steps", args.steps)):
             if value is not None and value < 1:
                 parser.error(
@@ -690,9 +726,12 @@ def measured(args: argparse.Namespace) -> str:
         f" {plan.batch_per_gpu} x {plan.block_size} tokens per GPU, {plan.warmup} + {plan.steps}"
         f" steps; logs in {plan.work}, results in {json_path}"
     )
-    for run in args.runs:
-        results.say(f"{run} ...")
-        results.add(measure(run, plan))
+    for round_ in range(args.rounds):
+        # Every other round in reverse: a machine that drifts in speed over the minutes of a
+        # call favours no side (the ratio is taken within each round).
+        for run in args.runs if round_ % 2 == 0 else args.runs[::-1]:
+            results.say(f"{run} ..." if args.rounds == 1 else f"{run}, round {round_ + 1} ...")
+            results.add(measure(run, plan) | ({"round": round_} if args.rounds > 1 else {}))
     if args.largest is not None:
         failed = climb("ddp", ladder, plan, results)
         climb("fsdp", ladder[failed:] if failed is not None else ladder[-1:], plan, results)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
 # ddp-compiled, gpt, gpt-1b and sweeps need two GPUs):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|hooks|epochs|pairs
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-rounds|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|hooks|epochs|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -82,6 +82,13 @@ case ${1:-tests} in
       --work /tmp/gpt-scaling
     python benchmarks/gpt_scaling.py --report "$out"/gpt_*.json --readme
     cp /tmp/gpt-scaling/*.log docs/many_gpus.md "$out/" 2>/dev/null
+    ;;
+  gpt-rounds)  # two GPUs (issue #40): the GPT under ddp and fsdp beside the plain DDP loop in ROUNDS
+              # rounds (2), the order reversed every other round, volt / plain per round: each
+              # run about 75-90 s on 2 x H200 (2026-11-29), so 2 rounds of 3 runs fill a call
+    timeout -k 10 "${ROUNDS_TIMEOUT:-560}" python benchmarks/gpt_scaling.py --runs plain-ddp volt-ddp \
+      volt-fsdp --rounds "${ROUNDS:-2}" --timeout 120 --json "$out/gpt_rounds.json" \
+      --work /tmp/gpt-rounds 2>&1 | tee "$out/gpt_rounds.log" | grep -E "^\||^- |tokens/s"
     ;;
   gpt-1b)  # two GPUs (issue #40): gpt_1b's net under trainer=fsdp, 16 x 1024 tokens per GPU, with
            # and without activation checkpointing (tokens/s, MFU), then its sharded checkpoint
