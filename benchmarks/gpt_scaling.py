@@ -44,9 +44,9 @@ import multiprocessing
 import os
 import sys
 import tempfile
-from statistics import median
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import harness  # benchmarks/, the folder of this script, is first on sys.path
