@@ -146,7 +146,7 @@ case ${1:-tests} in
         paths.outputs_dir="$dir" > "$out/gpt_trace_$name.log" 2>&1
       echo "gpt $name traced: exit $?"
       profiler=$(ls -d "$dir"/train/runs/*/tensorboard/profiler | head -1)
-      cp "$profiler/fit-profile-0.txt" "$out/gpt_trace_$name.txt"
+      cp "$(ls "$profiler"/fit-profile*.txt | head -1)" "$out/gpt_trace_$name.txt"  # (-0: rank 0; none on one device)
       for f in "$profiler"/*.pt.trace.json; do  # every rank's, named by host and pid
         gzip -c "$f" > "$out/gpt_trace_${name}_$(basename "$f" .pt.trace.json).json.gz"
       done
