@@ -42,6 +42,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -344,7 +345,10 @@ def measure(run: str, plan: Plan) -> dict[str, Any]:
         overrides.append(f"trainer.log_every_n_steps={plan.window}")
         overrides += plan.extra
         command = volt_command(trainer, gpus, outputs, overrides)
-    done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO, env=plan.cache_env(run))
+    # The cache named as the run's outputs: a later round's run of the same side (volt-ddp-2)
+    # compiles from an empty cache too, as the report says of "cold".
+    env = plan.cache_env(outputs.name)
+    done = harness.run_fresh(command, log, plan.timeout_s, cwd=REPO, env=env)
     if failed := done.failure():
         result = {"error": failed}
     elif run.startswith("plain"):
@@ -440,6 +444,8 @@ def describe(record: dict[str, Any]) -> str:
         name = f"trainer={record['largest']}, {record['shape']} ({billions(record['params'])})"
         return f"{name}: {record['outcome']}{peak} {took}"
     name = f"{record['run']} on {record['gpus']}"
+    if "round" in record:
+        name += f", round {record['round'] + 1}"
     if "error" in record:
         return f"{name}: {record['error']} {took}"
     mfu = optional(record["mfu"] and 100 * record["mfu"], ", MFU {:.1f}%", "")
@@ -476,19 +482,36 @@ def throughput_row(record: dict[str, Any], rate: dict[str, float | None]) -> lis
     ]
 
 
-def by_round(rates: dict[int, dict[str, float | None]]) -> list[str]:
-    """With --rounds: each volt run's tokens/s over the plain loop's of the same round."""
-    if len(rates) < 2:
+Round = tuple[str | None, int]  # the call that measured it (--rounds only), and its round
+
+
+def by_round(rates: dict[Round, dict[str, float | None]]) -> list[str]:
+    """With --rounds: each volt run's tokens/s over the plain loop's of the same round of the
+    same call ("failed" where either failed), and the median of those measured."""
+    rounds = sorted(key for key in rates if key[0] is not None)
+    if len(rounds) < 2:
         return []
     lines = ["", "Rounds (each a run of every side, the order reversed every other round):"]
-    for run in RUNS:
+    for run in (r for r in RUNS if r.startswith("volt")):
         plain = "plain-1" if run == "volt-gpu" else "plain-ddp"
-        pairs = [(r.get(run), r.get(plain)) for r in rates.values()]
-        ratios = [volt / base for volt, base in pairs if volt and base]
-        if run.startswith("volt") and ratios:
-            each = ", ".join(f"{x:.3f}" for x in ratios)
-            lines.append(f"- {RUNS[run]} / plain, by round: {each}; median {median(ratios):.3f}")
+        cells, ratios = [], []
+        for rate in (rates[key] for key in rounds if run in rates[key]):
+            volt, base = rate[run], rate.get(plain)
+            if plain not in rate:
+                cells.append("no plain run")
+            elif volt and base:
+                ratios.append(volt / base)
+                cells.append(f"{volt / base:.3f}")
+            else:
+                cells.append("failed")
+        if cells:
+            middle = f"median of {len(ratios)}: {median(ratios):.3f}" if ratios else "none"
+            lines.append(f"- {RUNS[run]} / plain, by round: {', '.join(cells)}; {middle}")
     return lines
+
+
+def round_of(record: dict[str, Any]) -> Round:
+    return record.get("call"), record.get("round", 0)
 
 
 def largest_row(strategy: str, tried: list[dict[str, Any]]) -> list[str]:
@@ -523,9 +546,9 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
         plan = about["throughput"]
         params = next((r["params"] for r in runs if "params" in r), None)
         model = f" ({billions(params)} parameters)" if params else ""
-        rates: dict[int, dict[str, float | None]] = {}  # round -> run -> tokens/s
+        rates: dict[Round, dict[str, float | None]] = {}  # round -> run -> tokens/s
         for r in runs:
-            rates.setdefault(r.get("round", 0), {})[r["run"]] = r.get("tokens_per_s")
+            rates.setdefault(round_of(r), {})[r["run"]] = r.get("tokens_per_s")
         columns = ["run", "GPUs", "tokens/s", "MFU per GPU", "peak GiB per GPU", "scaling"]
         extra = f"; volt's runs with {' '.join(plan['extra'])}" if plan.get("extra") else ""
         lines += [
@@ -540,7 +563,7 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
             *harness.markdown_table(
                 [*columns, "volt / plain"],
                 "lrrrrrr",
-                (throughput_row(r, rates[r.get("round", 0)]) for r in runs),
+                (throughput_row(r, rates[round_of(r)]) for r in runs),
             ),
             *by_round(rates),
         ]
@@ -687,6 +710,8 @@ def main() -> None:
     if args.plain_child:
         plain_processes(args.plain_child, args.overrides, args.warmup, args.steps, args.trace)
         return
+    if args.trace and args.rounds > 1:
+        parser.error("--trace with --rounds: each round's traces would replace the last's")
     if args.trace and args.readme:
         parser.error(
             "--trace slows the plain runs' traced steps: their tokens/s is no table's; leave out"
@@ -706,6 +731,9 @@ def main() -> None:
                 parser.error(
                     f"{name} {value}: give at least 1 (the warm-up compiles), e.g. {name} 20"
                 )
+        # A timeout's SIGTERM ends this process through its `finally`s: each run's process
+        # group is stopped (harness.run_fresh), not left holding the GPUs.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         table = measured(args)
     print(f"\n{table}", flush=True)
     if page:
@@ -726,12 +754,14 @@ def measured(args: argparse.Namespace) -> str:
         f" {plan.batch_per_gpu} x {plan.block_size} tokens per GPU, {plan.warmup} + {plan.steps}"
         f" steps; logs in {plan.work}, results in {json_path}"
     )
+    call = datetime.datetime.now().isoformat(timespec="seconds")
     for round_ in range(args.rounds):
         # Every other round in reverse: a machine that drifts in speed over the minutes of a
-        # call favours no side (the ratio is taken within each round).
+        # call favours no side (the ratio is taken within each round of this call).
         for run in args.runs if round_ % 2 == 0 else args.runs[::-1]:
+            marks = {"call": call, "round": round_} if args.rounds > 1 else {}
             results.say(f"{run} ..." if args.rounds == 1 else f"{run}, round {round_ + 1} ...")
-            results.add(measure(run, plan) | ({"round": round_} if args.rounds > 1 else {}))
+            results.add(measure(run, plan) | marks)
     if args.largest is not None:
         failed = climb("ddp", ladder, plan, results)
         climb("fsdp", ladder[failed:] if failed is not None else ladder[-1:], plan, results)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
-# ddp-compiled, gpt, gpt-1b and sweeps need two GPUs):
+# ddp-compiled, gpt, gpt-rounds, gpt-1b, gpt-1b-resume, gpt-trace and sweeps need two GPUs;
+# gpt-trace runs on one with TRAINERS=gpu):
 #   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-rounds|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|hooks|epochs|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
@@ -88,7 +89,10 @@ case ${1:-tests} in
               # run about 75-90 s on 2 x H200 (2026-11-29), so 2 rounds of 3 runs fill a call
     timeout -k 10 "${ROUNDS_TIMEOUT:-560}" python benchmarks/gpt_scaling.py --runs plain-ddp volt-ddp \
       volt-fsdp --rounds "${ROUNDS:-2}" --timeout 120 --json "$out/gpt_rounds.json" \
-      --work /tmp/gpt-rounds 2>&1 | tee "$out/gpt_rounds.log" | grep -E "^\||^- |tokens/s"
+      --work /tmp/gpt-rounds > "$out/gpt_rounds.log" 2>&1
+    echo "gpt rounds: exit $?"; grep -E " on [0-9]+" "$out/gpt_rounds.log"
+    # The tables of what was measured, also when the timeout cut the last runs
+    python benchmarks/gpt_scaling.py --report "$out/gpt_rounds.json" | grep -E "^\||^- "
     ;;
   gpt-1b)  # two GPUs (issue #40): gpt_1b's net under trainer=fsdp, 16 x 1024 tokens per GPU, with
            # and without activation checkpointing (tokens/s, MFU), then its sharded checkpoint
@@ -129,7 +133,7 @@ case ${1:-tests} in
     ;;
   gpt-trace)  # two GPUs (issue #40): torch.profiler over 5 steps of volt's GPT after 60 (its
               # compilation) under each trainer (TRAINERS="fsdp ddp"), 16 x 1024 bytes per GPU:
-              # rank 0's op table and its Chrome trace gzipped, graph breaks and recompiles logged
+              # rank 0's op table, every rank's Chrome trace gzipped, graph breaks and recompiles logged
               # (EXPERIMENT=gpt_bytes_tiny: the same on the CPU, to check the script; EXTRA="k=v ..."
               # more overrides, TAG a name for their files), then the plain DDP loop over the same
               # steps (gpt_scaling.py --trace); each trace's steps read by trace_steps.py (host,
@@ -145,9 +149,11 @@ case ${1:-tests} in
         callbacks.model_checkpoint=null callbacks.early_stopping=null callbacks.text_samples=null \
         paths.outputs_dir="$dir" > "$out/gpt_trace_$name.log" 2>&1
       echo "gpt $name traced: exit $?"
-      profiler=$(ls -d "$dir"/train/runs/*/tensorboard/profiler | head -1)
+      profiler=$(ls -d "$dir"/train/runs/*/tensorboard/profiler 2>/dev/null | head -1)
+      [ -n "$profiler" ] || { echo "gpt $name: no profiler folder (see gpt_trace_$name.log)"; continue; }
       cp "$(ls "$profiler"/fit-profile*.txt | head -1)" "$out/gpt_trace_$name.txt"  # (-0: rank 0; none on one device)
       for f in "$profiler"/*.pt.trace.json; do  # every rank's, named by host and pid
+        [ -f "$f" ] || continue
         gzip -c "$f" > "$out/gpt_trace_${name}_$(basename "$f" .pt.trace.json).json.gz"
       done
     done
@@ -159,8 +165,9 @@ case ${1:-tests} in
       timeout -k 10 "${TRACE_TIMEOUT:-240}" python benchmarks/gpt_scaling.py "${tiny[@]}" --runs "${PLAIN_RUN:-plain-ddp}" \
         --warmup 62 --steps 8 --trace "$dir" --work "$dir/work" > "$out/gpt_trace_plain.log" 2>&1
       echo "gpt plain loop (${PLAIN_RUN:-plain-ddp}) traced: exit $?"
-      cp "$dir"/plain-*-rank0.txt "$out/gpt_trace_plain.txt"
+      cp "$dir"/plain-*-rank0.txt "$out/gpt_trace_plain.txt" 2>/dev/null
       for f in "$dir"/plain-*.pt.trace.json; do
+        [ -f "$f" ] || continue
         gzip -c "$f" > "$out/gpt_trace_$(basename "$f" .pt.trace.json).json.gz"
       done
     fi

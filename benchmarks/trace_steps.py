@@ -8,12 +8,13 @@ by its host (or waits on another rank); one whose GPU is busy throughout is boun
     python benchmarks/trace_steps.py run/tensorboard/profiler/*.pt.trace.json other.json.gz
 
 Steps are cut at the ends of the `Optimizer.step#...` annotations, which a Lightning run and a
-plain loop both record (Lightning's own `ProfilerStep` marks fall between forward and backward):
-N traced optimizer steps give N - 1 whole steps. The GPU's work is given to the step whose host
-launched it (CUDA's correlation ids; runtime and driver launches alike: compiled Triton kernels
-go through the driver), so queued work that runs during the next step's host time still counts
-for its own step. The traces of `gpu_checks.sh gpt-trace` (volt's runs and the plain loop) are
-read this way there.
+plain loop both record (Lightning's own `ProfilerStep` marks fall between forward and backward): N
+optimizer steps that end inside the recording give N - 1 whole steps (with several optimizers,
+manual optimisation or gradient accumulation, a row is an optimizer step, not a batch). The GPU's
+work is given to the step whose host launched it (CUDA's correlation ids; runtime and driver
+launches alike: compiled Triton kernels go through the driver), so queued work that runs during the
+next step's host time still counts for its own step. The traces of `gpu_checks.sh gpt-trace`
+(volt's runs and the plain loop) are read this way there.
 """
 
 import argparse
@@ -65,17 +66,21 @@ def minus(these: list[Interval], those: list[Interval]) -> float:
 
 def steps(events: list[dict[str, Any]]) -> list[dict[str, float]]:
     """One row a whole traced step, in milliseconds (the trace's times are microseconds)."""
+    # An optimizer step still open when recording stopped ends at the window's end, cut short:
+    # Lightning's profiler stops inside the last one (its closure runs the training step).
+    stop = min((e["ts"] for e in events if e.get("name") == "Record Window End"), default=math.inf)
     ends = sorted(
         e["ts"] + e["dur"]
         for e in events
-        if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("Optimizer.step#")
+        if e.get("cat") == "user_annotation"
+        and str(e.get("name")).startswith("Optimizer.step#")
+        and e["ts"] + e["dur"] < stop
     )
     launched_in = {}  # correlation id -> the step (index into ends) whose host launched it
     for event in events:
         if event.get("cat") in LAUNCHES and "correlation" in event.get("args", {}):
-            n = bisect.bisect_left(ends, event["ts"])
-            if n < len(ends):  # after the last optimizer step's end: not a whole step's
-                launched_in[event["args"]["correlation"]] = n
+            # Step n: launched after the end of optimizer step n - 1, up to the end of step n.
+            launched_in[event["args"]["correlation"]] = bisect.bisect_right(ends, event["ts"])
     collectives: dict[int, list[Interval]] = defaultdict(list)
     others: dict[int, list[Interval]] = defaultdict(list)
     for event in events:
@@ -112,6 +117,12 @@ def clipped(intervals: list[Interval], start: float, end: float) -> list[Interva
     return [(max(a, start), min(b, end)) for a, b in intervals if b > start and a < end]
 
 
+def mean_of(values: list[float]) -> float:
+    """The mean of those that are numbers (NaN: a step with no GPU work to measure)."""
+    numbers = [v for v in values if not math.isnan(v)]
+    return sum(numbers) / len(numbers) if numbers else math.nan
+
+
 def report(path: Path) -> str:
     events, rank = load(path)
     rows = steps(events)
@@ -122,7 +133,7 @@ def report(path: Path) -> str:
     lines.append("  " + " ".join(f"{key.removesuffix('_ms'):>11}" for key in keys))
     for row in rows:
         lines.append("  " + " ".join(f"{row[key]:>11.2f}" for key in keys))
-    means = {key: sum(row[key] for row in rows) / len(rows) for key in keys}
+    means = {key: mean_of([row[key] for row in rows]) for key in keys}
     lines.append("  " + " ".join(f"{means[key]:>11.2f}" for key in keys) + "  (mean)")
     return "\n".join(lines)
 

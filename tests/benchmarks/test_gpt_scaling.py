@@ -329,28 +329,39 @@ def test_rounds_alternate_the_order_and_report_volt_over_plain_per_round(
     """Sides measured minutes apart on a machine whose speed drifts compare best within a round:
     the ddp ratio moved from 0.86x to 1.00x between calls on 2 x H200 (2026-11-28 and 29)."""
     order = []
-    tokens = {("plain-ddp", 0): 1000.0, ("volt-ddp", 0): 900.0, ("volt-ddp", 1): 800.0}
+    tokens = {("plain-ddp", 0): 1000.0, ("volt-ddp", 0): 900.0, ("volt-ddp", 1): None}
     tokens |= {("plain-ddp", 1): 1000.0, ("plain-ddp", 2): 800.0, ("volt-ddp", 2): 760.0}
 
     def measure(name: str, plan: object) -> dict[str, object]:
         order.append(name)
-        round_ = order.count(name) - 1
-        return run(name, 2, tokens[name, round_], None)
+        rate = tokens[name, order.count(name) - 1]
+        if rate is None:
+            return {"run": name, "gpus": 2, "error": "timed out after 120 s", "wall_s": 120}
+        return run(name, 2, rate, None)
 
+    # An earlier call's rounds in the same results file: its fsdp run was measured beside a
+    # plain run that this call measures again, so it has no plain run to be compared with.
+    earlier = [run("plain-ddp", 2, 1200.0, None) | {"call": "earlier", "round": r} for r in (0, 1)]
+    earlier += [run("volt-fsdp", 2, 1000.0, None) | {"call": "earlier", "round": r} for r in (0, 1)]
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"about": {}, "records": earlier}))
     monkeypatch.setattr(scaling, "measure", measure)
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options |= dict(largest=None, compile_cache="cold", extra=[], trace=None, json=None)
+    options |= dict(largest=None, compile_cache="cold", extra=[], trace=None, json=str(results))
     args = argparse.Namespace(
         tiny=True, probe_timeout=60.0, work=str(tmp_path), runs=["plain-ddp", "volt-ddp"],
         rounds=3, **options,
     )  # fmt: skip
     text = scaling.measured(args)
     assert order == ["plain-ddp", "volt-ddp", "volt-ddp", "plain-ddp", "plain-ddp", "volt-ddp"]
-    rows = [line for line in text.splitlines() if line.startswith("| volt")]
-    assert [row.split("|")[-2].strip() for row in rows] == ["0.900", "0.800", "0.950"]
-    assert rows[1].startswith("| volt, `trainer=ddp` (round 2) | 2 | 800 |")
-    assert text.splitlines()[-1] == (
-        "- volt, `trainer=ddp` / plain, by round: 0.900, 0.800, 0.950; median 0.900"
-    )
-    saved = json.loads((tmp_path / "gpt_scaling.json").read_text())
-    assert [r["round"] for r in saved["records"]] == [0, 0, 1, 1, 2, 2]
+    rows = [line for line in text.splitlines() if line.startswith("| volt, `trainer=ddp`")]
+    assert [row.split("|")[-2].strip() for row in rows] == ["0.900", "", "0.950"]
+    assert rows[1].startswith("| volt, `trainer=ddp` (round 2) | 2 | failed: timed out")
+    assert text.splitlines()[-2:] == [
+        "- volt, `trainer=ddp` / plain, by round: 0.900, failed, 0.950; median of 2: 0.925",
+        "- volt, `trainer=fsdp` / plain, by round: no plain run, no plain run; none",
+    ]
+    saved = json.loads(results.read_text())
+    mine = [r for r in saved["records"] if r["call"] != "earlier"]
+    assert [r["round"] for r in mine] == [0, 0, 1, 1, 2, 2]
+    assert len({r["call"] for r in mine}) == 1

@@ -34,12 +34,14 @@ def optimizer_step(ts: float, dur: float, category: str = "user_annotation") -> 
     return {"ph": "X", "cat": category, "name": "Optimizer.step#AdamW.step", "ts": ts, "dur": dur}
 
 
-# Three optimizer steps, ending at 1000, 2000 and 5000 µs: two whole steps. The first (before
-# 1000) launches a matmul run at 200-1200: where the GPU's time of the next starts. The second
-# launches a matmul (runtime API) and an all-reduce (driver API, as Triton's and some NCCL
-# launches are) that overlaps it; the third's host is slow (a host-bound step) and launches one
-# kernel at its end, run at 5000-5500 after the GPU has idled since 2600. The GPU's copy of an
-# annotation (gpu_user_annotation) is no optimizer step of the host's.
+# Optimizer steps ending at 1000, 2000 and 5000 µs: two whole steps; a fourth, still open when
+# recording stopped at 6000, ends there cut short and is none. The first (before 1000) launches
+# a matmul run at 200-1200: where the GPU's time of the next starts. The second launches a matmul
+# (runtime API) and an all-reduce (driver API, as Triton's and some NCCL launches are) that
+# overlaps it; the third's host is slow (a host-bound step): a kernel launched as the second
+# ended (at 2000) runs at 2650-2700, one launched just after runs at 2550-2620 beside the
+# all-reduce (only 2600-2620 is the third's time), and one launched at its end runs at 5000-5500.
+# The GPU's copy of an annotation (gpu_user_annotation) is no optimizer step of the host's.
 EVENTS = [
     optimizer_step(0, 1000),
     launch(100, 1),
@@ -54,8 +56,14 @@ EVENTS = [
     launch(4900, 4),
     kernel("elementwise_kernel", 5000, 500, 4),
     kernel("not_launched_in_the_trace", 5000, 100, 99),
-    launch(5100, 5),  # after the last optimizer step: no whole step's
+    launch(5100, 5),  # after the last whole optimizer step: no whole step's
     kernel("elementwise_kernel", 5600, 100, 5),
+    launch(2000, 6),
+    kernel("elementwise_kernel", 2650, 50, 6),
+    launch(2010, 7),
+    kernel("elementwise_kernel", 2550, 70, 7),
+    optimizer_step(5200, 800),
+    {"ph": "i", "name": "Record Window End", "ts": 6000},
 ]
 
 
@@ -82,15 +90,16 @@ def test_each_step_gets_the_gpu_work_its_host_launched(
         {
             "host_ms": 3.0,
             "gpu_ms": 2.9,  # 2600 to 5500
-            "busy_ms": 0.5,
+            "busy_ms": 0.57,  # 2600-2620, 2650-2700, 5000-5500
             "nccl_ms": 0.0,
             "nccl_alone_ms": 0.0,
-            "idle_ms": 2.4,  # waiting for its host
+            "idle_ms": 2.33,  # waiting for its host
         }
     )
     lines = trace_steps.report(path).splitlines()
     assert lines[0] == "trace.json.gz (rank 1): ms a whole step"
-    assert lines[-1].split() == ["2.00", "2.15", "0.90", "0.30", "0.15", "1.25", "(mean)"]
+    assert len(lines) == 2 + 2 + 1  # the header lines, two whole steps, their means
+    assert lines[-1].split() == ["2.00", "2.15", "0.94", "0.30", "0.15", "1.22", "(mean)"]
 
 
 def test_a_cpu_trace_gives_the_host_time_alone(trace_steps: ModuleType, tmp_path: Path) -> None:
