@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -321,6 +322,10 @@ def test_a_traced_benchmark_writes_no_readme(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and "leave out --readme" in done.stderr
     assert readme.read_text() == OLD_README and not (tmp_path / "traces").exists()
+    done = subprocess.run(
+        [*command, "--rounds", "2"], capture_output=True, text=True, timeout=120
+    )  # fmt: skip
+    assert done.returncode == 2 and "each round's traces would replace" in done.stderr
 
 
 def test_rounds_alternate_the_order_and_report_volt_over_plain_per_round(
@@ -365,3 +370,24 @@ def test_rounds_alternate_the_order_and_report_volt_over_plain_per_round(
     mine = [r for r in saved["records"] if r["call"] != "earlier"]
     assert [r["round"] for r in mine] == [0, 0, 1, 1, 2, 2]
     assert len({r["call"] for r in mine}) == 1
+
+
+def test_each_round_of_a_side_compiles_from_an_empty_cache(
+    scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options |= dict(runs=["volt-ddp"], largest=None, compile_cache="cold", extra=[], trace=None)
+    plan = scaling.make_plan(
+        argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
+    )
+    caches = []
+
+    def run_fresh(command: list[str], log: Path, *args: object, **kwargs: Any) -> object:
+        log.with_suffix("").mkdir(parents=True)  # the run's outputs, as a real run leaves them
+        caches.append(kwargs["env"]["TORCHINDUCTOR_CACHE_DIR"])
+        return type("Failed", (), {"wall_s": 0.0, "failure": lambda self: "not run"})()
+
+    monkeypatch.setattr(scaling.harness, "run_fresh", run_fresh)
+    scaling.measure("volt-ddp", plan)
+    scaling.measure("volt-ddp", plan)  # the next round's
+    assert [Path(c).name for c in caches] == ["cache-volt-ddp", "cache-volt-ddp-2"]
