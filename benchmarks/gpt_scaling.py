@@ -176,18 +176,18 @@ class Plan:
 
 
 def plain_rank(
-    rank: int, world: int, overrides: list[str], warmup: int, steps: int, rendezvous: str,
-    trace: str | None = None,
+    rank: int, world: int, ddp: bool, overrides: list[str], warmup: int, steps: int,
+    rendezvous: str, trace: str | None = None,
 ) -> None:  # fmt: skip
-    """One process of the plain loop (world > 1: DistributedDataParallel); rank 0 prints the
-    result line."""
+    """One process of the plain loop (ddp: DistributedDataParallel, also in a world of one);
+    rank 0 prints the result line."""
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # the ranks share the cores
-    if world > 1:
+    if ddp:
         backend, timeout = "nccl" if cuda else "gloo", datetime.timedelta(seconds=120)
         dist.init_process_group(
             backend,
@@ -207,7 +207,7 @@ def plain_rank(
     configured = model.configure_optimizers()  # fused AdamW over the net's groups, as volt's
     optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
     trained = (
-        DistributedDataParallel(net, device_ids=[rank] if cuda else None) if world > 1 else net
+        DistributedDataParallel(net, device_ids=[rank] if cuda else None) if ddp else net
     )
     corpus = torch.from_numpy(np.fromfile(datamodule.corpus_path(), dtype=np.uint8)).to(device)
     batch, block = cfg.data.batch_size // world, cfg.data.block_size
@@ -224,7 +224,7 @@ def plain_rank(
         write_trace(profiler, Path(trace) / f"plain-{world}-rank{rank}")
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     ranks: list[dict[str, Any]] = [{"seconds": seconds, "peak_gib": peak}]
-    if world > 1:
+    if ddp:
         mine, ranks = ranks[0], [{}] * world
         dist.all_gather_object(ranks, mine)
         dist.destroy_process_group()
@@ -242,13 +242,13 @@ def plain_rank(
 
 
 def plain_processes(
-    world: int, overrides: list[str], warmup: int, steps: int, trace: str | None
+    world: int, ddp: bool, overrides: list[str], warmup: int, steps: int, trace: str | None
 ) -> None:
     """The plain loop's ranks, in the process --plain-child starts: rank 0 is that process."""
     # The ranks meet in an empty file (torch's FileStore): no port that another run could take.
     fd, rendezvous = tempfile.mkstemp(prefix="gpt-scaling-rendezvous-")
     os.close(fd)
-    options = (world, overrides, warmup, steps, rendezvous, trace)
+    options = (world, ddp, overrides, warmup, steps, rendezvous, trace)
     spawn = multiprocessing.get_context("spawn")
     others = [spawn.Process(target=plain_rank, args=(r, *options)) for r in range(1, world)]
     for process in others:
@@ -336,6 +336,7 @@ def measure(run: str, plan: Plan) -> dict[str, Any]:
     overrides = plan.model_overrides(gpus, plan.batch_per_gpu)
     if run.startswith("plain"):
         command = [sys.executable, __file__, "--plain-child", str(gpus)]
+        command += ["--plain-ddp"] if run == "plain-ddp" else []
         command += ["--warmup", str(plan.warmup), "--steps", str(plan.steps)]
         command += ["--trace", str(plan.trace)] if plan.trace else []
         command += ["--overrides", *overrides]
@@ -472,7 +473,9 @@ def throughput_row(record: dict[str, Any], rate: dict[str, float | None]) -> lis
         return [name, str(gpus), f"failed: {record['error'].splitlines()[0]} | | | |"]
     tokens = record["tokens_per_s"]
     one = rate.get("plain-1" if run.startswith("plain") else "volt-gpu")
-    plain = rate.get("plain-1" if gpus == 1 else "plain-ddp")
+    # beside the plain loop of its world: DDP's (a world of one too, --gpus 1), else one GPU's
+    solo = rate.get("plain-1") if gpus == 1 else None
+    plain = solo if run == "volt-gpu" else rate.get("plain-ddp", solo)
     return [
         *(name, str(gpus), f"{tokens:,.0f}"),
         optional(record["mfu"] and 100 * record["mfu"], "{:.1f}%"),
@@ -594,13 +597,19 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
 
 def make_plan(args: argparse.Namespace) -> Plan:
     tiny = args.tiny
-    gpus = 2 if tiny else torch.cuda.device_count()
-    # One GPU: its own runs alone (a check of the script on a one-GPU machine), no DDP or ladder.
+    visible = 2 if tiny else torch.cuda.device_count()
+    if visible < 1:
+        sys.exit("gpt_scaling: no GPU visible: --tiny runs toy sizes on the CPU")
+    if args.gpus is not None and not 1 <= args.gpus <= visible:
+        sys.exit(f"gpt_scaling: --gpus {args.gpus}, {visible} GPU(s) visible: give 1 to {visible}")
+    gpus = args.gpus or visible
+    # One GPU unasked: its own runs alone (a check of the script on a one-GPU machine). With
+    # --gpus 1 the DDP runs wrap the model in a world of one: DDP's host work, no communication.
     several = {"plain-ddp", "volt-ddp"} & set(args.runs) or args.largest is not None
-    if gpus < 1 or (gpus == 1 and several):
+    if gpus == 1 and not args.gpus and several:
         sys.exit(
-            f"gpt_scaling: {gpus} GPU(s) visible, the runs need 2 or more: --tiny on a CPU, or"
-            " --runs plain-1 volt-gpu volt-fsdp on one GPU"
+            f"gpt_scaling: {gpus} GPU(s) visible, the runs need 2 or more: --tiny on a CPU,"
+            " --runs plain-1 volt-gpu volt-fsdp on one GPU, or --gpus 1 for DDP in a world of one"
         )
     # Asked here, once: a query of its properties starts nothing on the GPU.
     gpu = None if tiny else torch.cuda.get_device_properties(0)
@@ -670,6 +679,11 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="toy sizes, 2 processes on the CPU")
     runs = "the throughput runs (default: all of them; --runs alone: none)"
     parser.add_argument("--runs", nargs="*", choices=RUNS, default=list(RUNS), help=runs)
+    parser.add_argument(
+        "--gpus", type=int,
+        help="processes of the DDP and FSDP runs (default: every visible GPU; 1: DDP's and"
+        " FSDP's wrapping without communication, on one GPU)",
+    )  # fmt: skip
     parser.add_argument("--batch-per-gpu", type=int, help="windows per GPU (16; tiny: 4)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (50; tiny: 2)")
     parser.add_argument("--steps", type=int, help="timed steps (100; tiny: 4)")
@@ -705,10 +719,12 @@ def main() -> None:
         " each plain run (every rank: op table, Chrome trace; slower steps, in its tokens/s)",
     )  # fmt: skip
     parser.add_argument("--plain-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--plain-ddp", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--overrides", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
-        plain_processes(args.plain_child, args.overrides, args.warmup, args.steps, args.trace)
+        options = (args.overrides, args.warmup, args.steps, args.trace)
+        plain_processes(args.plain_child, args.plain_ddp, *options)
         return
     if args.trace and args.rounds > 1:
         parser.error("--trace with --rounds: each round's traces would replace the last's")
