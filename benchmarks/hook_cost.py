@@ -3,6 +3,7 @@
     python benchmarks/hook_cost.py                                 # digits, on the GPU if any
     python benchmarks/hook_cost.py --every-step                    # every step a logging step
     python benchmarks/hook_cost.py experiment=cifar10_resnet data.root=/tmp/data   # any config
+    python benchmarks/hook_cost.py experiment=gpt_bytes trainer=ddp trainer.devices=1  # DDP, a world of one
 
 volt's training run as `python train.py` builds it, on the GPU where there is one, less
 validation and checkpoints (perf.py's config for its volt side), with every per-batch and epoch
@@ -18,9 +19,12 @@ perf.py's host split (its `host` field) and docs/performance.md.
 """
 
 import argparse
+import cProfile
+import pstats
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import perf  # benchmarks/, the folder of this script, is first on sys.path
@@ -52,15 +56,19 @@ class HookClock:
         setattr(owner, attribute, timed)
 
 
-def timed_fit(overrides: list[str], steps: int, warmup: int) -> tuple[HookClock, float]:
+def timed_fit(
+    overrides: list[str], steps: int, warmup: int, profile: cProfile.Profile | None = None
+) -> tuple[HookClock, float]:
     """Fits volt's config with `overrides` for `warmup` then `steps` optimizer steps; the hooks'
-    clock, and the seconds, of the `steps` only."""
+    clock, and the seconds, of the `steps` only (`profile` enabled over them too)."""
     from lightning.pytorch.callbacks import Callback, LambdaCallback
 
     from volt.build import build_training
     from volt.hook_dispatch import PER_BATCH_HOOKS, skip_inherited_batch_hooks
 
     cfg = perf.compose_config(overrides, data_root="", steps=warmup + steps)  # perf.py's volt side
+    # trainer=ddp starts its ranks from this file, as train.py writes it (none in a world of one)
+    OmegaConf.save(cfg, Path(cfg.paths.output_dir) / "config_resolved.yaml", resolve=True)
     built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     clock = HookClock()
     trainer = built.trainer
@@ -86,8 +94,12 @@ def timed_fit(overrides: list[str], steps: int, warmup: int) -> tuple[HookClock,
             clock.ns.clear()
             clock.calls.clear()
             times["start"] = time.perf_counter()
+            if profile:
+                profile.enable()
 
     def stop(trainer: Any, *args: Any) -> None:
+        if profile:
+            profile.disable()
         times["end"] = time.perf_counter()
         times["steps"] = trainer.global_step
 
@@ -115,9 +127,14 @@ def main() -> None:
         "--every-step", action="store_true",
         help="log at every step (trainer.log_every_n_steps=1): what a logging step costs",
     )  # fmt: skip
+    parser.add_argument(
+        "--profile", metavar="FILE",
+        help="also cProfile the timed steps (the main thread): stats to FILE, the top printed",
+    )  # fmt: skip
     args = parser.parse_intermixed_args()  # overrides before and after the options
     every_step = ["trainer.log_every_n_steps=1"] if args.every_step else []
-    clock, seconds = timed_fit([*every_step, *args.overrides], args.steps, args.warmup)
+    profile = cProfile.Profile() if args.profile else None
+    clock, seconds = timed_fit([*every_step, *args.overrides], args.steps, args.warmup, profile)
     print(
         f"the fit: {1e6 * seconds / args.steps:,.0f} µs a step over {args.steps} steps"
         f" after {args.warmup}"
@@ -125,6 +142,9 @@ def main() -> None:
     for name, ns in clock.ns.most_common():
         calls = clock.calls[name] / args.steps
         print(f"{ns / 1e3 / args.steps:9.1f} µs a step  {calls:5.2f} calls a step  {name}")
+    if profile:
+        profile.dump_stats(args.profile)
+        pstats.Stats(args.profile).sort_stats("tottime").print_stats(40)
 
 
 if __name__ == "__main__":
