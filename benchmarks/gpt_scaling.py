@@ -10,7 +10,7 @@ Throughput: `--batch-per-gpu` windows of 1024 bytes on every GPU (weak scaling),
 (compilation) then `--steps` timed ones, each run a fresh group of processes, ended at `--timeout`.
 plain-1 and plain-ddp are gpt_plain.py's loop of volt's model and optimiser (bf16 autocast,
 torch.compile, fused AdamW, clipping at 1.0) on one GPU and under DistributedDataParallel on all
-(NCCL; gloo on the CPU), timed as one window. volt-gpu, volt-ddp and volt-fsdp are `train.py
+(NCCL; gloo on the CPU; gradient buckets of trainer=ddp's `bucket_cap_mb`), timed as one window. volt-gpu, volt-ddp and volt-fsdp are `train.py
 experiment=gpt_bytes trainer=gpu|ddp|fsdp` (global data.batch_size) less validation, test,
 checkpoints and the LR decay, read back from its CSV log: TokenThroughput's tokens/s and MFU over
 the timed windows of gcd(warmup, steps) steps, GPUMemoryMonitor's peak. MFU is per GPU, of its
@@ -25,6 +25,9 @@ a parameter, over N GPUs under FSDP) exceed a GPU is out of memory unrun.
 --rounds R: the runs R times, every other round in reverse order, each record marked with its
 round; volt over the plain loop is also given per round and as their median (sides measured
 minutes apart drift with the machine: the ddp ratio moved from 0.86x to 1.00x between calls).
+
+--gpus 1: the DDP runs (and FSDP's) in a world of one on one GPU: DDP's host work with no
+communication, to study on one GPU what DDP adds to a step.
 
 --trace DIR: every rank of each plain run traces the TRACED_STEPS (5) steps after the warm-up with
 torch.profiler: its op table and Chrome trace in DIR, named by world size and rank; those steps
@@ -198,7 +201,9 @@ def plain_rank(
         )
     apply_matmul_precision(None)  # as volt's runs: TF32 where there are tensor cores for it
     torch.manual_seed(rank)  # each rank its own windows
-    cfg = harness.compose(overrides)
+    # Under DDP its gradients go in buckets of the size volt's trainer=ddp sets (--extra reaches
+    # volt's runs only): each bucket is a compiled graph a step, and their number bounds the step.
+    cfg = harness.compose([*overrides, "trainer=ddp"] if ddp else overrides)
     datamodule: Any = build_datamodule(cfg.data)
     datamodule.prepare_data()  # the corpus file volt's runs read
     model: Any = build_model(cfg.model, datamodule, cfg.task.from_data).to(device)
@@ -207,7 +212,13 @@ def plain_rank(
     configured = model.configure_optimizers()  # fused AdamW over the net's groups, as volt's
     optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
     trained = (
-        DistributedDataParallel(net, device_ids=[rank] if cuda else None) if ddp else net
+        DistributedDataParallel(
+            net,
+            device_ids=[rank] if cuda else None,
+            bucket_cap_mb=cfg.trainer.strategy.get("bucket_cap_mb"),  # None: torch's default
+        )
+        if ddp
+        else net
     )
     corpus = torch.from_numpy(np.fromfile(datamodule.corpus_path(), dtype=np.uint8)).to(device)
     batch, block = cfg.data.batch_size // world, cfg.data.block_size

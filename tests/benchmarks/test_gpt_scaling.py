@@ -391,3 +391,60 @@ def test_each_round_of_a_side_compiles_from_an_empty_cache(
     scaling.measure("volt-ddp", plan)
     scaling.measure("volt-ddp", plan)  # the next round's
     assert [Path(c).name for c in caches] == ["cache-volt-ddp", "cache-volt-ddp-2"]
+
+
+def test_gpus_1_runs_both_ddp_sides_in_a_world_of_one(
+    scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DDP's host work on one GPU, no communication: what showed on one H200 that volt's and the
+    # plain loop's DDP steps are bound by their host (2026-11-29).
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options |= dict(runs=["plain-ddp", "volt-ddp"], largest=None, compile_cache="cold", extra=[])
+    namespace = argparse.Namespace(
+        tiny=True, probe_timeout=60.0, work=str(tmp_path), trace=None, **options
+    )
+    with pytest.raises(SystemExit, match=r"--gpus 3, 2 GPU\(s\) visible: give 1 to 2"):
+        scaling.make_plan(argparse.Namespace(**vars(namespace), gpus=3))
+    plan = scaling.make_plan(argparse.Namespace(**vars(namespace), gpus=1))
+    commands = []
+
+    class Failed:
+        wall_s = 0.0
+
+        def failure(self) -> str:
+            return "not run"
+
+    def run_fresh(command: list[str], *args: object, **kwargs: object) -> Failed:
+        commands.append(command)
+        return Failed()
+
+    monkeypatch.setattr(scaling.harness, "run_fresh", run_fresh)
+    records = [scaling.measure(run, plan) for run in ("plain-ddp", "volt-ddp")]
+    assert [r["gpus"] for r in records] == [1, 1]
+    plain, volt = commands
+    assert plain[plain.index("--plain-child") + 1] == "1" and "--plain-ddp" in plain
+    assert "trainer=ddp" in volt and "trainer.devices=1" in volt
+    # volt's DDP run beside the plain DDP loop of its world, not beside the one without DDP
+    rate = {"plain-1": 1000.0, "plain-ddp": 500.0, "volt-ddp": 450.0}
+    row = scaling.throughput_row(run("volt-ddp", 1, 450.0, None), rate)
+    assert row[-1] == "0.900"
+
+
+def test_the_plain_ddp_loop_buckets_gradients_as_volts_ddp_config(
+    scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    wrapped: list[dict[str, Any]] = []
+
+    class Recorded(scaling.DistributedDataParallel):  # type: ignore[name-defined,misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            wrapped.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(scaling, "DistributedDataParallel", Recorded)
+    monkeypatch.chdir(tmp_path)  # the corpus file prepare_data writes
+    overrides = ["experiment=gpt_bytes_tiny", "data.block_size=64", "data.batch_size=2"]
+    overrides.append(f"paths.data_dir={tmp_path}")
+    rendezvous = tmp_path / "rendezvous"
+    scaling.plain_rank(0, 1, True, overrides, 1, 1, str(rendezvous))
+    assert [w["bucket_cap_mb"] for w in wrapped] == [100]
+    assert '"tokens_per_s"' in capsys.readouterr().out

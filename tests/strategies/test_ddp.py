@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from volt.strategies.launcher import (
@@ -402,3 +403,20 @@ def test_the_rendezvous_listens_on_the_runs_address_alone() -> None:
 
     with pytest.raises(OSError, match=r"MASTER_ADDR=192\.0\.2\.1: .* set it to an address of it"):
         reserve_rendezvous_port("192.0.2.1")  # TEST-NET-1: an address of no machine
+
+
+def test_ddp_buckets_gradients_as_its_config_says(
+    compose_config: Callable[..., DictConfig], tmp_path: Path
+) -> None:
+    # 100 MB, not torch's 25: under torch.compile each bucket is a compiled graph a step, and the
+    # 85M GPT's 13 of them bound its step on 2 x H200 (conf/trainer/ddp.yaml).
+    cfg = compose_config("train", ["trainer=ddp", f"paths.output_dir={tmp_path}"])
+    strategy = instantiate(cfg.trainer.strategy)
+    strategy.parallel_devices = [torch.device("cpu")]
+    store = f"file://{tmp_path / 'store'}"
+    torch.distributed.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    try:
+        wrapped = strategy._setup_model(torch.nn.Linear(4, 4))
+        assert wrapped.bucket_bytes_cap == 100 * 2**20
+    finally:
+        torch.distributed.destroy_process_group()
