@@ -10,10 +10,11 @@ Throughput: `--batch-per-gpu` windows of 1024 bytes on every GPU (weak scaling),
 (compilation) then `--steps` timed ones, each run a fresh group of processes, ended at `--timeout`.
 plain-1 and plain-ddp are gpt_plain.py's loop of volt's model and optimiser (bf16 autocast,
 torch.compile, fused AdamW, clipping at 1.0) on one GPU and under DistributedDataParallel on all
-(NCCL; gloo on the CPU; gradient buckets of trainer=ddp's `bucket_cap_mb`), timed as one window. volt-gpu, volt-ddp and volt-fsdp are `train.py
-experiment=gpt_bytes trainer=gpu|ddp|fsdp` (global data.batch_size) less validation, test,
-checkpoints and the LR decay, read back from its CSV log: TokenThroughput's tokens/s and MFU over
-the timed windows of gcd(warmup, steps) steps, GPUMemoryMonitor's peak. MFU is per GPU, of its
+(NCCL, gloo on the CPU; gradient buckets of trainer=ddp's `bucket_cap_mb`), timed as one window.
+volt-gpu, volt-ddp and volt-fsdp are `train.py experiment=gpt_bytes trainer=gpu|ddp|fsdp` (global
+data.batch_size) less validation, test, checkpoints and the LR decay, read back from its CSV log:
+TokenThroughput's tokens/s and MFU over the timed windows of gcd(warmup, steps) steps,
+GPUMemoryMonitor's peak. MFU is per GPU, of its
 dense bf16 peak; scaling is over the same side's run on one GPU.
 
 --largest: trainer=ddp, then trainer=fsdp from the first rung DDP failed (the top if none), climbs

@@ -3,7 +3,7 @@
     python benchmarks/hook_cost.py                                 # digits, on the GPU if any
     python benchmarks/hook_cost.py --every-step                    # every step a logging step
     python benchmarks/hook_cost.py experiment=cifar10_resnet data.root=/tmp/data   # any config
-    python benchmarks/hook_cost.py experiment=gpt_bytes trainer=ddp trainer.devices=1  # DDP, a world of one
+    python benchmarks/hook_cost.py experiment=gpt_bytes trainer=ddp trainer.devices=1  # world of 1
 
 volt's training run as `python train.py` builds it, on the GPU where there is one, less
 validation and checkpoints (perf.py's config for its volt side), with every per-batch and epoch

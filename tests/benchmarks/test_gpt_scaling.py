@@ -153,7 +153,8 @@ def test_saved_results_go_into_the_readme_without_measuring(
 def test_a_rung_whose_optimiser_state_outgrows_a_gpu_is_not_run(
     scaling: ModuleType, tmp_path: Path
 ) -> None:
-    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3, gpus=None)
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options["gpus"] = None
     options |= dict(runs=[], largest=[], compile_cache="cold", extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
@@ -252,7 +253,8 @@ def test_both_sides_get_the_same_compile_cache_policy(
     # A fresh machine's volt run compiled inside its timed windows while the plain loop's had
     # compiled before them (issue #40): every run now starts from an empty cache of its own, or
     # all share one; the report names which.
-    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3, gpus=None)
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options["gpus"] = None
     options |= dict(runs=["plain-1"], largest=None, compile_cache=cache, extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
@@ -284,7 +286,8 @@ def test_a_run_in_a_used_work_folder_gets_a_fresh_name(scaling: ModuleType, tmp_
 def test_a_traced_benchmark_hands_the_folder_to_the_plain_runs_only(
     scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3, gpus=None)
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options["gpus"] = None
     options |= dict(runs=["plain-ddp", "volt-ddp"], largest=None, compile_cache="cold", extra=[])
     plan = scaling.make_plan(
         argparse.Namespace(
@@ -351,7 +354,8 @@ def test_rounds_alternate_the_order_and_report_volt_over_plain_per_round(
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"about": {}, "records": earlier}))
     monkeypatch.setattr(scaling, "measure", measure)
-    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3, gpus=None)
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options["gpus"] = None
     options |= dict(largest=None, compile_cache="cold", extra=[], trace=None, json=str(results))
     args = argparse.Namespace(
         tiny=True, probe_timeout=60.0, work=str(tmp_path), runs=["plain-ddp", "volt-ddp"],
@@ -375,7 +379,8 @@ def test_rounds_alternate_the_order_and_report_volt_over_plain_per_round(
 def test_each_round_of_a_side_compiles_from_an_empty_cache(
     scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3, gpus=None)
+    options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
+    options["gpus"] = None
     options |= dict(runs=["volt-ddp"], largest=None, compile_cache="cold", extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
