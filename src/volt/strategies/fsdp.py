@@ -18,7 +18,10 @@ Lightning 2.6 with torch 2.11 (GPU) and 2.14 (here):
 - bf16-mixed: FSDP1 as Lightning sets it up reduces gradients in bf16; here they are gathered in
   bf16 and reduced in float32 (`MixedPrecisionPolicy`).
 - Lightning builds FSDP1 only on CUDA; FSDP2 trains on the CPU over gloo, so it is tested with real
-  processes anywhere. torch.compile works per block under FSDP2 (torchtitan's recipe); FSDP1
+  processes anywhere. torch.compile works with FSDP2: a net sharded as one group compiles to one
+  forward and one backward graph a step (FSDP2's hooks run in `_call_impl`, outside the compiled
+  frame); once `wrap` layers are groups of their own, each carries hooks that break the net's
+  frame, which then runs eagerly around one graph per layer (torchtitan compiles per block). FSDP1
   needs use_orig_params and breaks the graph at every wrapped unit. FSDP1 is in maintenance.
 What it costs: ModelParallelStrategy is marked experimental, and it demands that the
 LightningModule shard itself in `configure_model`. volt's contract is that any LightningModule
