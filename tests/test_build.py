@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tests.step_probes import read_record
 from volt.build import apply_toggles, build_training
+from volt.callbacks.progress_bar import RichProgressBar
 from volt.config.validation import PRECISIONS
 from volt.hook_dispatch import NoProfiler
 from volt.training import train
@@ -168,6 +169,10 @@ def test_what_volt_adds_to_the_trainer_leaves_the_config_as_it_was(
     trainer = build_training(cfg, {}).trainer
     assert OmegaConf.to_container(cfg) == before
     assert trainer.checkpoint_callback is None
+    # nor Lightning's own progress bar in place of volt's (callbacks.progress_bar=null)
+    assert trainer.progress_bar_callback is None
+    default = build_training(compose_config("train", ["logger=none"]), {}).trainer
+    assert isinstance(default.progress_bar_callback, RichProgressBar)
 
 
 def test_without_a_chosen_profiler_every_hook_shares_one_empty_context(

@@ -25,7 +25,13 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ModelSummary
+from lightning.pytorch.callbacks import (
+    Callback,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+)
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
@@ -288,6 +294,12 @@ def build_trainer(
     ):
         # Lightning 2.6.6 would add its own summary, find volt's, and say so on every run.
         added["enable_model_summary"] = False
+    if cfg.trainer.get("enable_progress_bar") is None and not any(
+        isinstance(c, ProgressBar) for c in callbacks
+    ):
+        # Without volt's bar (callbacks.progress_bar=null) Lightning 2.6.6 would add its own,
+        # which reads the metrics shown on it from the GPU after every batch (a host sync).
+        added["enable_progress_bar"] = False
     if not cfg.trainer.get("profiler") and not cfg.trainer.get("barebones"):
         added["profiler"] = NoProfiler()  # (barebones=True refuses any profiler, Lightning's own)
     trainer: pl.Trainer = instantiate_checked(
