@@ -28,7 +28,8 @@ round; volt over the plain loop is also given per round and as their median (sid
 minutes apart drift with the machine: the ddp ratio moved from 0.86x to 1.00x between calls).
 
 --gpus 1: the DDP runs (and FSDP's) in a world of one on one GPU: DDP's host work with no
-communication, to study on one GPU what DDP adds to a step.
+communication, to study on one GPU what DDP adds to a step. --bucket-mb MB: DDP's gradient
+buckets on both DDP sides (under torch.compile, one graph a bucket).
 
 --trace DIR: every rank of each plain run traces the TRACED_STEPS (5) steps after the warm-up with
 torch.profiler: its op table and Chrome trace in DIR, named by world size and rank; those steps
@@ -155,6 +156,7 @@ class Plan:
     # shared: all runs use one cache, so a graph an earlier run compiled is read back
     compile_cache: str = "cold"
     extra: tuple[str, ...] = ()  # more overrides of volt's runs (e.g. an FSDP setting), reported
+    bucket_mb: float | None = None  # DDP's gradient buckets on both sides (None: trainer=ddp's)
     trace: Path | None = None  # the plain runs' traces go here (gpt_plain.traced_steps)
 
     def cache_env(self, run: str) -> dict[str, str]:
@@ -346,6 +348,8 @@ def measure(run: str, plan: Plan) -> dict[str, Any]:
     log = fresh(plan.work, run, ".log")
     outputs = log.with_suffix("")
     overrides = plan.model_overrides(gpus, plan.batch_per_gpu)
+    if plan.bucket_mb is not None and run in ("plain-ddp", "volt-ddp"):
+        overrides.append(f"trainer.strategy.bucket_cap_mb={plan.bucket_mb}")
     if run.startswith("plain"):
         command = [sys.executable, __file__, "--plain-child", str(gpus)]
         command += ["--plain-ddp"] if run == "plain-ddp" else []
@@ -566,6 +570,8 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
             rates.setdefault(round_of(r), {})[r["run"]] = r.get("tokens_per_s")
         columns = ["run", "GPUs", "tokens/s", "MFU per GPU", "peak GiB per GPU", "scaling"]
         extra = f"; volt's runs with {' '.join(plan['extra'])}" if plan.get("extra") else ""
+        if plan.get("bucket_mb") is not None:
+            extra += f"; DDP's gradient buckets {plan['bucket_mb']:g} MB on both sides"
         lines += [
             "",
             f"experiment={plan['experiment']}{model}, {plan['batch_per_gpu']} windows of"
@@ -646,6 +652,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         work=Path(args.work or tempfile.mkdtemp(prefix="gpt-scaling-")),
         compile_cache=args.compile_cache,
         extra=tuple(args.extra),
+        bucket_mb=args.bucket_mb,
         trace=Path(args.trace).resolve() if args.trace else None,
     )
 
@@ -657,7 +664,7 @@ def about_this(plan: Plan, ladder: list[Shape], args: argparse.Namespace) -> dic
     }
     if args.runs:
         keys: tuple[str, ...] = ("experiment", "variant", "block_size", "batch_per_gpu")
-        keys += ("warmup", "steps", "compile_cache", "extra")
+        keys += ("warmup", "steps", "compile_cache", "extra", "bucket_mb")
         about["throughput"] = {key: getattr(plan, key) for key in keys}
         if plan.trace:  # the plain runs' traced steps are slower, and in their tokens/s
             about["throughput"]["traced"] = str(plan.trace)
@@ -707,6 +714,10 @@ def main() -> None:
     parser.add_argument(
         "--extra", nargs="+", default=[], metavar="OVERRIDE",
         help="more overrides of volt's runs, e.g. trainer.strategy.reshard_after_forward=false",
+    )  # fmt: skip
+    parser.add_argument(
+        "--bucket-mb", type=float, metavar="MB",
+        help="DDP's gradient buckets of both DDP sides (default: trainer=ddp's bucket_cap_mb)",
     )  # fmt: skip
     ladder = "find the largest GPT that trains under DDP and under FSDP on this ladder"
     ladder += f" (default: {' '.join(LADDER)}; tiny: {' '.join(TINY_LADDER)})"

@@ -154,7 +154,7 @@ def test_a_rung_whose_optimiser_state_outgrows_a_gpu_is_not_run(
     scaling: ModuleType, tmp_path: Path
 ) -> None:
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options["gpus"] = None
+    options |= dict(gpus=None, bucket_mb=None)
     options |= dict(runs=[], largest=[], compile_cache="cold", extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
@@ -254,7 +254,7 @@ def test_both_sides_get_the_same_compile_cache_policy(
     # compiled before them (issue #40): every run now starts from an empty cache of its own, or
     # all share one; the report names which.
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options["gpus"] = None
+    options |= dict(gpus=None, bucket_mb=None)
     options |= dict(runs=["plain-1"], largest=None, compile_cache=cache, extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
@@ -287,7 +287,7 @@ def test_a_traced_benchmark_hands_the_folder_to_the_plain_runs_only(
     scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options["gpus"] = None
+    options |= dict(gpus=None, bucket_mb=None)
     options |= dict(runs=["plain-ddp", "volt-ddp"], largest=None, compile_cache="cold", extra=[])
     plan = scaling.make_plan(
         argparse.Namespace(
@@ -355,7 +355,7 @@ def test_rounds_alternate_the_order_and_report_volt_over_plain_per_round(
     results.write_text(json.dumps({"about": {}, "records": earlier}))
     monkeypatch.setattr(scaling, "measure", measure)
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options["gpus"] = None
+    options |= dict(gpus=None, bucket_mb=None)
     options |= dict(largest=None, compile_cache="cold", extra=[], trace=None, json=str(results))
     args = argparse.Namespace(
         tiny=True, probe_timeout=60.0, work=str(tmp_path), runs=["plain-ddp", "volt-ddp"],
@@ -380,7 +380,7 @@ def test_each_round_of_a_side_compiles_from_an_empty_cache(
     scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
-    options["gpus"] = None
+    options |= dict(gpus=None, bucket_mb=None)
     options |= dict(runs=["volt-ddp"], largest=None, compile_cache="cold", extra=[], trace=None)
     plan = scaling.make_plan(
         argparse.Namespace(tiny=True, probe_timeout=60.0, work=str(tmp_path), **options)
@@ -406,7 +406,7 @@ def test_gpus_1_runs_both_ddp_sides_in_a_world_of_one(
     options = dict(batch_per_gpu=None, warmup=None, steps=None, timeout=60.0, probe_steps=3)
     options |= dict(runs=["plain-ddp", "volt-ddp"], largest=None, compile_cache="cold", extra=[])
     namespace = argparse.Namespace(
-        tiny=True, probe_timeout=60.0, work=str(tmp_path), trace=None, **options
+        tiny=True, probe_timeout=60.0, work=str(tmp_path), trace=None, bucket_mb=25.0, **options
     )
     with pytest.raises(SystemExit, match=r"--gpus 3, 2 GPU\(s\) visible: give 1 to 2"):
         scaling.make_plan(argparse.Namespace(**vars(namespace), gpus=3))
@@ -429,14 +429,25 @@ def test_gpus_1_runs_both_ddp_sides_in_a_world_of_one(
     plain, volt = commands
     assert plain[plain.index("--plain-child") + 1] == "1" and "--plain-ddp" in plain
     assert "trainer=ddp" in volt and "trainer.devices=1" in volt
+    # --bucket-mb reaches both DDP sides: the plain loop composes it under trainer=ddp
+    assert "trainer.strategy.bucket_cap_mb=25.0" in volt
+    assert "trainer.strategy.bucket_cap_mb=25.0" in plain[plain.index("--overrides") :]
     # volt's DDP run beside the plain DDP loop of its world, not beside the one without DDP
     rate = {"plain-1": 1000.0, "plain-ddp": 500.0, "volt-ddp": 450.0}
     row = scaling.throughput_row(run("volt-ddp", 1, 450.0, None), rate)
     assert row[-1] == "0.900"
 
 
+@pytest.mark.parametrize(
+    ("given", "bucket_mb"), [([], 100), (["trainer.strategy.bucket_cap_mb=25"], 25)]
+)
 def test_the_plain_ddp_loop_buckets_gradients_as_volts_ddp_config(
-    scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+    scaling: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Any,
+    given: list[str],
+    bucket_mb: int,
 ) -> None:
     wrapped: list[dict[str, Any]] = []
 
@@ -448,8 +459,8 @@ def test_the_plain_ddp_loop_buckets_gradients_as_volts_ddp_config(
     monkeypatch.setattr(scaling, "DistributedDataParallel", Recorded)
     monkeypatch.chdir(tmp_path)  # the corpus file prepare_data writes
     overrides = ["experiment=gpt_bytes_tiny", "data.block_size=64", "data.batch_size=2"]
-    overrides.append(f"paths.data_dir={tmp_path}")
+    overrides += [f"paths.data_dir={tmp_path}", *given]  # given: as --bucket-mb gives it
     rendezvous = tmp_path / "rendezvous"
     scaling.plain_rank(0, 1, True, overrides, 1, 1, str(rendezvous))
-    assert [w["bucket_cap_mb"] for w in wrapped] == [100]
+    assert [w["bucket_cap_mb"] for w in wrapped] == [bucket_mb]
     assert '"tokens_per_s"' in capsys.readouterr().out
