@@ -14,8 +14,8 @@ torch.compile, fused AdamW, clipping at 1.0) on one GPU and under DistributedDat
 volt-gpu, volt-ddp and volt-fsdp are `train.py experiment=gpt_bytes trainer=gpu|ddp|fsdp` (global
 data.batch_size) less validation, test, checkpoints and the LR decay, read back from its CSV log:
 TokenThroughput's tokens/s and MFU over the timed windows of gcd(warmup, steps) steps,
-GPUMemoryMonitor's peak. MFU is per GPU, of its
-dense bf16 peak; scaling is over the same side's run on one GPU.
+GPUMemoryMonitor's peak. MFU is per GPU, of its dense bf16 peak; scaling is over the same side's
+run on one GPU.
 
 --largest: trainer=ddp, then trainer=fsdp from the first rung DDP failed (the top if none), climbs
 a ladder of GPT shapes (n_layer x n_embd, heads of 128) on all GPUs: `train.py` for
@@ -32,7 +32,7 @@ communication, to study on one GPU what DDP adds to a step. --bucket-mb MB: DDP'
 buckets on both DDP sides (under torch.compile, one graph a bucket).
 
 --trace DIR: every rank of each plain run traces the TRACED_STEPS (5) steps after the warm-up with
-torch.profiler: its op table and Chrome trace in DIR, named by world size and rank; those steps
+torch.profiler: its op table and Chrome trace in DIR, named by run, world size and rank; those steps
 are slower, and count in the run's tokens/s (`gpu_checks.sh gpt-trace` sets it beside volt's
 own traces; refused with --readme).
 
@@ -235,7 +235,8 @@ def plain_rank(
     )  # fmt: skip
     if profiler and trace:
         profiler.stop()
-        write_trace(profiler, Path(trace) / f"plain-{world}-rank{rank}")
+        name = f"plain-ddp-{world}-rank{rank}" if ddp else f"plain-1-rank{rank}"  # the run's own
+        write_trace(profiler, Path(trace) / name)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     ranks: list[dict[str, Any]] = [{"seconds": seconds, "peak_gib": peak}]
     if ddp:
@@ -480,7 +481,16 @@ def optional(value: float | None, form: str, missing: str = "n/a") -> str:
     return missing if value is None else form.format(value)
 
 
-def throughput_row(record: dict[str, Any], rate: dict[str, float | None]) -> list[str]:
+Side = tuple[str, int]  # a run and its GPUs: DDP's runs may be a world of one (--gpus 1)
+
+
+def plain_side(run: str, gpus: int) -> Side:
+    """The plain run a volt run is compared with: the loop on one GPU for volt-gpu, else the
+    plain DDP loop in a world of as many GPUs (none for FSDP in a world of one)."""
+    return ("plain-1", 1) if run == "volt-gpu" else ("plain-ddp", gpus)
+
+
+def throughput_row(record: dict[str, Any], rate: dict[Side, float | None]) -> list[str]:
     """A run's tokens/s, MFU and peak memory; its scaling over the same side's one-GPU run;
     volt's tokens/s over the plain loop's on as many GPUs."""
     run, gpus = record["run"], record["gpus"]
@@ -488,10 +498,8 @@ def throughput_row(record: dict[str, Any], rate: dict[str, float | None]) -> lis
     if "error" in record:  # the row's other cells empty, as the page has always shown them
         return [name, str(gpus), f"failed: {record['error'].splitlines()[0]} | | | |"]
     tokens = record["tokens_per_s"]
-    one = rate.get("plain-1" if run.startswith("plain") else "volt-gpu")
-    # beside the plain loop of its world: DDP's (a world of one too, --gpus 1), else one GPU's
-    solo = rate.get("plain-1") if gpus == 1 else None
-    plain = solo if run == "volt-gpu" else rate.get("plain-ddp", solo)
+    one = rate.get(("plain-1", 1) if run.startswith("plain") else ("volt-gpu", 1))
+    plain = rate.get(plain_side(run, gpus))
     return [
         *(name, str(gpus), f"{tokens:,.0f}"),
         optional(record["mfu"] and 100 * record["mfu"], "{:.1f}%"),
@@ -504,18 +512,22 @@ def throughput_row(record: dict[str, Any], rate: dict[str, float | None]) -> lis
 Round = tuple[str | None, int]  # the call that measured it (--rounds only), and its round
 
 
-def by_round(rates: dict[Round, dict[str, float | None]]) -> list[str]:
+def by_round(rates: dict[Round, dict[Side, float | None]]) -> list[str]:
     """With --rounds: each volt run's tokens/s over the plain loop's of the same round of the
     same call ("failed" where either failed), and the median of those measured."""
     rounds = sorted(key for key in rates if key[0] is not None)
     if len(rounds) < 2:
         return []
     lines = ["", "Rounds (each a run of every side, the order reversed every other round):"]
-    for run in (r for r in RUNS if r.startswith("volt")):
-        plain = "plain-1" if run == "volt-gpu" else "plain-ddp"
+    sides = sorted(
+        {side for key in rounds for side in rates[key] if side[0].startswith("volt")},
+        key=lambda side: (list(RUNS).index(side[0]), side[1]),
+    )
+    for run, gpus in sides:
+        plain = plain_side(run, gpus)
         cells, ratios = [], []
-        for rate in (rates[key] for key in rounds if run in rates[key]):
-            volt, base = rate[run], rate.get(plain)
+        for rate in (rates[key] for key in rounds if (run, gpus) in rates[key]):
+            volt, base = rate[(run, gpus)], rate.get(plain)
             if plain not in rate:
                 cells.append("no plain run")
             elif volt and base:
@@ -525,7 +537,8 @@ def by_round(rates: dict[Round, dict[str, float | None]]) -> list[str]:
                 cells.append("failed")
         if cells:
             middle = f"median of {len(ratios)}: {median(ratios):.3f}" if ratios else "none"
-            lines.append(f"- {RUNS[run]} / plain, by round: {', '.join(cells)}; {middle}")
+            alone = " (a world of one)" if gpus == 1 and run != "volt-gpu" else ""
+            lines.append(f"- {RUNS[run]}{alone} / plain, by round: {', '.join(cells)}; {middle}")
     return lines
 
 
@@ -565,9 +578,9 @@ def report(about: dict[str, Any], records: list[dict[str, Any]]) -> str:
         plan = about["throughput"]
         params = next((r["params"] for r in runs if "params" in r), None)
         model = f" ({billions(params)} parameters)" if params else ""
-        rates: dict[Round, dict[str, float | None]] = {}  # round -> run -> tokens/s
+        rates: dict[Round, dict[Side, float | None]] = {}  # round -> (run, GPUs) -> tokens/s
         for r in runs:
-            rates.setdefault(round_of(r), {})[r["run"]] = r.get("tokens_per_s")
+            rates.setdefault(round_of(r), {})[(r["run"], r["gpus"])] = r.get("tokens_per_s")
         columns = ["run", "GPUs", "tokens/s", "MFU per GPU", "peak GiB per GPU", "scaling"]
         extra = f"; volt's runs with {' '.join(plan['extra'])}" if plan.get("extra") else ""
         if plan.get("bucket_mb") is not None:
@@ -746,9 +759,16 @@ def main() -> None:
     parser.add_argument("--overrides", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_child:
+        if args.plain_child > 1 and not args.plain_ddp:  # ranks that would never meet
+            parser.error(f"--plain-child {args.plain_child} without --plain-ddp")
         options = (args.overrides, args.warmup, args.steps, args.trace)
         plain_processes(args.plain_child, args.plain_ddp, *options)
         return
+    if args.gpus == 1 and (args.largest is not None or args.readme):
+        parser.error(
+            "--gpus 1 measures DDP's host work in a world of one: no climb (--largest) and no"
+            " several-GPU tables (--readme) from it"
+        )
     if args.trace and args.rounds > 1:
         parser.error("--trace with --rounds: each round's traces would replace the last's")
     if args.trace and args.readme:

@@ -89,8 +89,9 @@ case ${1:-tests} in
               # run about 75-90 s on 2 x H200 (2026-11-29), so 2 rounds of 3 runs fill a call
               # (RUNS="plain-ddp volt-ddp" others; GPUS=1: DDP in a world of one, on one GPU;
               # BUCKET_MB=25: DDP's gradient buckets on both sides, torch's default size)
-    timeout -k 10 "${ROUNDS_TIMEOUT:-560}" python benchmarks/gpt_scaling.py --runs ${RUNS:-plain-ddp volt-ddp volt-fsdp} \
-      ${GPUS:+--gpus $GPUS} ${BUCKET_MB:+--bucket-mb $BUCKET_MB} --rounds "${ROUNDS:-2}" --timeout 120 --json "$out/gpt_rounds.json" \
+    timeout -k 10 "${ROUNDS_TIMEOUT:-560}" python benchmarks/gpt_scaling.py \
+      --runs ${RUNS:-plain-ddp volt-ddp volt-fsdp} ${GPUS:+--gpus $GPUS} ${BUCKET_MB:+--bucket-mb $BUCKET_MB} \
+      --rounds "${ROUNDS:-2}" --timeout 120 --json "$out/gpt_rounds.json" \
       --work /tmp/gpt-rounds > "$out/gpt_rounds.log" 2>&1
     echo "gpt rounds: exit $?"; grep -E " on [0-9]+" "$out/gpt_rounds.log"
     # The tables of what was measured, also when the timeout cut the last runs
@@ -137,18 +138,19 @@ case ${1:-tests} in
               # compilation) under each trainer (TRAINERS="fsdp ddp"), 16 x 1024 bytes per GPU:
               # rank 0's op table, every rank's Chrome trace gzipped, graph breaks and recompiles logged
               # (EXPERIMENT=gpt_bytes_tiny: the same on the CPU, to check the script; EXTRA="k=v ..."
-              # more overrides, TAG a name for their files; GPUS=1 with TRAINERS=ddp BATCH=16: DDP in a
-              # world of one, on one GPU), then the plain DDP loop over the same
+              # more overrides, TAG a name for their files; GPUS=1 with TRAINERS=ddp: DDP in a world
+              # of one, on one GPU), then the plain DDP loop over the same
               # steps (gpt_scaling.py --trace); each trace's steps read by trace_steps.py (host,
               # GPU busy, collectives, GPU idle). Lightning's record_module_names is off:
               # its record_function around every module's forward breaks torch.compile's graphs.
     for t in ${TRAINERS:-fsdp ddp}; do
       name=$t${TAG:+_$TAG}; dir=/tmp/gpt-trace-$name; rm -rf "$dir"
       TORCH_LOGS=graph_breaks,recompiles timeout -k 10 "${TRACE_TIMEOUT:-240}" python train.py \
-        experiment=${EXPERIMENT:-gpt_bytes} trainer=$t data.batch_size=${BATCH:-32} debug=profiler \
+        experiment=${EXPERIMENT:-gpt_bytes} trainer=$t data.batch_size=${BATCH:-$((16 * ${GPUS:-2}))} debug=profiler \
         trainer.limit_train_batches=68 trainer.profiler.schedule.wait=60 \
         trainer.profiler.profile_memory=false trainer.profiler.record_shapes=false \
-        +trainer.profiler.record_module_names=false ${GPUS:+trainer.devices=$GPUS} ${EXTRA:-} trainer.limit_val_batches=0 trainer.num_sanity_val_steps=0 test=false \
+        +trainer.profiler.record_module_names=false ${GPUS:+trainer.devices=$GPUS} ${EXTRA:-} \
+        trainer.limit_val_batches=0 trainer.num_sanity_val_steps=0 test=false \
         callbacks.model_checkpoint=null callbacks.early_stopping=null callbacks.text_samples=null \
         paths.outputs_dir="$dir" > "$out/gpt_trace_$name.log" 2>&1
       echo "gpt $name traced: exit $?"
@@ -166,7 +168,8 @@ case ${1:-tests} in
     if [ "${PLAIN:-1}" = 1 ]; then
       dir=/tmp/gpt-trace-plain; rm -rf "$dir"; tiny=(); [ "${EXPERIMENT:-}" = gpt_bytes_tiny ] && tiny=(--tiny)
       timeout -k 10 "${TRACE_TIMEOUT:-240}" python benchmarks/gpt_scaling.py "${tiny[@]}" --runs "${PLAIN_RUN:-plain-ddp}" \
-        ${GPUS:+--gpus $GPUS} --warmup 62 --steps 8 --trace "$dir" --work "$dir/work" > "$out/gpt_trace_plain.log" 2>&1
+        ${GPUS:+--gpus $GPUS} --warmup 62 --steps 8 --trace "$dir" --work "$dir/work" \
+        > "$out/gpt_trace_plain.log" 2>&1
       echo "gpt plain loop (${PLAIN_RUN:-plain-ddp}) traced: exit $?"
       cp "$dir"/plain-*-rank0.txt "$out/gpt_trace_plain.txt" 2>/dev/null
       for f in "$dir"/plain-*.pt.trace.json; do

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import perf  # benchmarks/, the folder of this script, is first on sys.path
-from omegaconf import OmegaConf
 
 EPOCH_HOOKS = ("on_train_epoch_start", "on_train_epoch_end")
 LOGGER_CONNECTOR = ("on_batch_start", "update_train_step_metrics", "on_batch_end")
@@ -64,12 +63,15 @@ def timed_fit(
     from lightning.pytorch.callbacks import Callback, LambdaCallback
 
     from volt.build import build_training
+    from volt.config.redaction import redacted_container
     from volt.hook_dispatch import PER_BATCH_HOOKS, skip_inherited_batch_hooks
+    from volt.runs.records import save_resolved_config
 
     cfg = perf.compose_config(overrides, data_root="", steps=warmup + steps)  # perf.py's volt side
-    # trainer=ddp starts its ranks from this file, as train.py writes it (none in a world of one)
-    OmegaConf.save(cfg, Path(cfg.paths.output_dir) / "config_resolved.yaml", resolve=True)
-    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    # trainer=ddp's launcher reads the run's resolved config, written as train.py writes it
+    resolved = redacted_container(cfg)
+    save_resolved_config(resolved, Path(cfg.paths.output_dir))
+    built = build_training(cfg, resolved)
     clock = HookClock()
     trainer = built.trainer
     for callback in trainer.callbacks:  # type: ignore[attr-defined]
@@ -129,7 +131,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--profile", metavar="FILE",
-        help="also cProfile the timed steps (the main thread): stats to FILE, the top printed",
+        help="also cProfile the timed steps: stats to FILE, the top printed (every figure printed"
+        " then holds cProfile's own cost, often more than the step's)",
     )  # fmt: skip
     args = parser.parse_intermixed_args()  # overrides before and after the options
     every_step = ["trainer.log_every_n_steps=1"] if args.every_step else []
@@ -137,7 +140,7 @@ def main() -> None:
     clock, seconds = timed_fit([*every_step, *args.overrides], args.steps, args.warmup, profile)
     print(
         f"the fit: {1e6 * seconds / args.steps:,.0f} µs a step over {args.steps} steps"
-        f" after {args.warmup}"
+        f" after {args.warmup}" + (", cProfile on" if profile else "")
     )
     for name, ns in clock.ns.most_common():
         calls = clock.calls[name] / args.steps

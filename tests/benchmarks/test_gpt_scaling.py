@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 from volt.config import PROJECT_ROOT
 from volt.nets.gpt import GPT
@@ -432,10 +433,16 @@ def test_gpus_1_runs_both_ddp_sides_in_a_world_of_one(
     # --bucket-mb reaches both DDP sides: the plain loop composes it under trainer=ddp
     assert "trainer.strategy.bucket_cap_mb=25.0" in volt
     assert "trainer.strategy.bucket_cap_mb=25.0" in plain[plain.index("--overrides") :]
-    # volt's DDP run beside the plain DDP loop of its world, not beside the one without DDP
-    rate = {"plain-1": 1000.0, "plain-ddp": 500.0, "volt-ddp": 450.0}
-    row = scaling.throughput_row(run("volt-ddp", 1, 450.0, None), rate)
-    assert row[-1] == "0.900"
+    # volt's DDP run beside the plain DDP loop of its world: not beside the loop without DDP,
+    # nor beside a DDP loop of two GPUs from another file given to --report
+    rate = {("plain-1", 1): 1000.0, ("plain-ddp", 2): 900.0, ("volt-ddp", 1): 450.0}
+    assert scaling.throughput_row(run("volt-ddp", 1, 450.0, None), rate)[-1] == ""
+    rate[("plain-ddp", 1)] = 500.0
+    assert scaling.throughput_row(run("volt-ddp", 1, 450.0, None), rate)[-1] == "0.900"
+    rounds = {("call", r): dict(rate) for r in (0, 1)}
+    assert scaling.by_round(rounds)[-1] == (
+        "- volt, `trainer=ddp` (a world of one) / plain, by round: 0.900, 0.900; median of 2: 0.900"
+    )
 
 
 @pytest.mark.parametrize(
@@ -461,6 +468,13 @@ def test_the_plain_ddp_loop_buckets_gradients_as_volts_ddp_config(
     overrides = ["experiment=gpt_bytes_tiny", "data.block_size=64", "data.batch_size=2"]
     overrides += [f"paths.data_dir={tmp_path}", *given]  # given: as --bucket-mb gives it
     rendezvous = tmp_path / "rendezvous"
-    scaling.plain_rank(0, 1, True, overrides, 1, 1, str(rendezvous))
+    # in this process: what the rank sets for itself is put back for the tests after this one
+    threads, matmul = torch.get_num_threads(), torch.get_float32_matmul_precision()
+    try:
+        with torch.random.fork_rng():
+            scaling.plain_rank(0, 1, True, overrides, 1, 1, str(rendezvous))
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_float32_matmul_precision(matmul)
     assert [w["bucket_cap_mb"] for w in wrapped] == [bucket_mb]
     assert '"tokens_per_s"' in capsys.readouterr().out

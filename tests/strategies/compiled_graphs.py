@@ -17,12 +17,13 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.callbacks import LambdaCallback
-from omegaconf import OmegaConf
 from torch._inductor.output_code import CompiledFxGraph
 
 from volt.build import build_training
 from volt.config import CONF_DIR
+from volt.config.redaction import redacted_container
 from volt.hook_dispatch import skip_inherited_batch_hooks
+from volt.runs.records import save_resolved_config
 
 calls: Counter[str] = Counter()
 compiled_call = CompiledFxGraph.__call__
@@ -39,8 +40,9 @@ def main() -> None:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*overrides, f"paths.output_dir={output_dir}"])
     output_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, output_dir / "config_resolved.yaml", resolve=True)  # DDP's and FSDP's
-    built = build_training(cfg, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    resolved = redacted_container(cfg)  # as train.py writes it: DDP's and FSDP's ranks read it
+    save_resolved_config(resolved, output_dir)
+    built = build_training(cfg, resolved)
     steps: list[dict[str, Any]] = []
 
     def start(*args: Any) -> None:
