@@ -284,6 +284,27 @@ def test_a_run_in_a_used_work_folder_gets_a_fresh_name(scaling: ModuleType, tmp_
     assert scaling.fresh(tmp_path, "volt-fsdp", ".log") == tmp_path / "volt-fsdp-3.log"
 
 
+class NotRun:
+    """What harness.run_fresh returns in place of a run (commands_not_run)."""
+
+    wall_s = 0.0
+
+    def failure(self) -> str:
+        return "not run"
+
+
+def commands_not_run(scaling: ModuleType, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The commands `measure` would run, recorded in the returned list instead of run."""
+    commands: list[list[str]] = []
+
+    def run_fresh(command: list[str], *args: object, **kwargs: object) -> NotRun:
+        commands.append(command)
+        return NotRun()
+
+    monkeypatch.setattr(scaling.harness, "run_fresh", run_fresh)
+    return commands
+
+
 def test_a_traced_benchmark_hands_the_folder_to_the_plain_runs_only(
     scaling: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -295,19 +316,7 @@ def test_a_traced_benchmark_hands_the_folder_to_the_plain_runs_only(
             tiny=True, probe_timeout=60.0, work=str(tmp_path), trace="traces", **options
         )
     )
-    commands = []
-
-    class Failed:
-        wall_s = 0.0
-
-        def failure(self) -> str:
-            return "not run"
-
-    def run_fresh(command: list[str], *args: object, **kwargs: object) -> Failed:
-        commands.append(command)
-        return Failed()
-
-    monkeypatch.setattr(scaling.harness, "run_fresh", run_fresh)
+    commands = commands_not_run(scaling, monkeypatch)
     for run in ("plain-ddp", "volt-ddp"):
         assert scaling.measure(run, plan)["error"] == "not run"
     plain, volt = commands
@@ -412,19 +421,7 @@ def test_gpus_1_runs_both_ddp_sides_in_a_world_of_one(
     with pytest.raises(SystemExit, match=r"--gpus 3, 2 GPU\(s\) visible: give 1 to 2"):
         scaling.make_plan(argparse.Namespace(**vars(namespace), gpus=3))
     plan = scaling.make_plan(argparse.Namespace(**vars(namespace), gpus=1))
-    commands = []
-
-    class Failed:
-        wall_s = 0.0
-
-        def failure(self) -> str:
-            return "not run"
-
-    def run_fresh(command: list[str], *args: object, **kwargs: object) -> Failed:
-        commands.append(command)
-        return Failed()
-
-    monkeypatch.setattr(scaling.harness, "run_fresh", run_fresh)
+    commands = commands_not_run(scaling, monkeypatch)
     records = [scaling.measure(run, plan) for run in ("plain-ddp", "volt-ddp")]
     assert [r["gpus"] for r in records] == [1, 1]
     plain, volt = commands
