@@ -2,7 +2,7 @@
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
 # ddp-compiled, gpt, gpt-rounds, gpt-1b, gpt-1b-resume, gpt-trace and sweeps need two GPUs;
 # gpt-trace runs on one with TRAINERS=gpu):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-rounds|gpt-1b|gpt-1b-resume|gpt-trace|sweeps|trace|hooks|epochs|pairs
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-rounds|gpt-1b|gpt-1b-resume|gpt-trace|gpt-host|sweeps|trace|hooks|epochs|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -230,6 +230,18 @@ for line in filter(lambda line: line.startswith("{"), sys.stdin):
     hooks digits_every_step --steps 1000 --warmup 200 --every-step
     hooks resnet_graphs --steps 700 --warmup 100 experiment=cifar10_resnet data.root=/tmp/data \
       data.download=false precision=bf16-mixed compile=reduce-overhead
+    ;;
+  gpt-host)  # issue #40, one GPU: the GPT's host cost a step under each trainer (TRAINERS="gpu ddp
+             # fsdp"), DDP and FSDP in a world of one, 2 x 1024 tokens (too little for the GPU to
+             # hide the host): each hook's µs, and cProfile's top functions (hook_cost.py --profile;
+             # every figure holds cProfile's own cost), the profiles kept for pstats
+    for t in ${TRAINERS:-gpu ddp fsdp}; do
+      devices=""; [ "$t" = gpu ] || devices=trainer.devices=1
+      timeout -k 10 "${RUN_TIMEOUT:-150}" python benchmarks/hook_cost.py experiment=gpt_bytes \
+        data.batch_size=2 trainer=$t $devices --warmup 60 --steps 300 --profile "$out/gpt_host_$t.prof" \
+        > "$out/gpt_host_$t.txt" 2>&1
+      echo "gpt $t: exit $?"; grep -E "fit:|µs a step" "$out/gpt_host_$t.txt" | head -8
+    done
     ;;
   epochs)  # issue #40: what an epoch's end and start cost the host, bare Lightning and volt, on
           # ROW (default the CUDA-graphs ResNet): torch.profiler over 300 steps after the warm-up,
