@@ -204,8 +204,9 @@ def plain_rank(
         )
     apply_matmul_precision(None)  # as volt's runs: TF32 where there are tensor cores for it
     torch.manual_seed(rank)  # each rank its own windows
-    # Under DDP its gradients go in buckets of the size volt's trainer=ddp sets (--extra reaches
-    # volt's runs only): each bucket is a compiled graph a step, and their number bounds the step.
+    # Under DDP its gradients go in buckets of the size volt's trainer=ddp sets (--bucket-mb
+    # reaches both sides, --extra volt's alone): under torch.compile each bucket is a graph a
+    # step, with host time of its own (docs/many_gpus.md).
     cfg = harness.compose([*overrides, "trainer=ddp"] if ddp else overrides)
     datamodule: Any = build_datamodule(cfg.data)
     datamodule.prepare_data()  # the corpus file volt's runs read
