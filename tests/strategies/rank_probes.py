@@ -180,3 +180,13 @@ class SignalAt(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
         self._send(trainer, "test")
+
+
+class RecordClipping(Callback):
+    """Writes the function this rank's precision plugin clips gradients by norm with (module and
+    name) to <run dir>/clip_rank<N>.txt."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        clip = trainer.precision_plugin.clip_grad_by_norm
+        name = f"{clip.__module__}.{clip.__qualname__}"
+        Path(trainer.default_root_dir, f"clip_rank{trainer.global_rank}.txt").write_text(name)

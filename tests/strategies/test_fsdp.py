@@ -135,10 +135,14 @@ def test_two_cpu_ranks_fit_sample_and_eval_reads_the_checkpoint(
     run_volt: Run, run_volt_here: RunHere, tmp_path: Path
 ) -> None:
     # The single-file layout; the sharded default: tests/strategies/test_fsdp_checkpoints.py.
-    result = run_volt([*TINY, "name=tiny", "trainer.strategy.checkpoint=full"])
+    clipping = f"+callbacks.clipping={{_target_: {PROBES}.RecordClipping}}"
+    result = run_volt([*TINY, "name=tiny", "trainer.strategy.checkpoint=full", clipping])
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "tiny"
     assert_two_ranks_trained(run_dir)
+    for rank in (0, 1):  # gpt_bytes clips at 1.0: each rank on its shards
+        clip = (run_dir / f"clip_rank{rank}.txt").read_text()
+        assert clip == "volt.strategies.fsdp._clip_by_norm_on_shards"
     # Both ranks sampled (the sharded forward needs both), rank 0 wrote: at each validation.
     assert text_samples(run_dir) == [3, 6]
     trained = json.loads((run_dir / "metrics.json").read_text())
@@ -524,4 +528,89 @@ def test_grouping_shards_every_layout_it_trains(
             call(holder).sum().backward()
         assert all(isinstance(p, DTensor) for p in holder.parameters())
     finally:
+        torch.distributed.destroy_process_group()
+
+
+def clip_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
+    """On each of two gloo ranks: the 5-block GPT sharded as one group, one backward of this
+    rank's own batch, its gradients clipped on the shards; rank 0 saves the gathered gradients
+    before and after, and the norm each rank returned."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from volt.strategies.fsdp import clip_sharded_grad_norm_
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
+    )
+    torch.manual_seed(0)
+    holder = sharded_gpt(0, init_device_mesh("cpu", (2,)))  # every block its own group
+    torch.manual_seed(1 + rank)
+    holder.net(torch.randint(0, 256, (2, 16))).logsumexp(-1).mean().backward()
+    params = list(holder.parameters())
+    before = [p.grad.full_tensor() for p in params]
+    norm = clip_sharded_grad_norm_(params, 0.001)
+    after = [p.grad.full_tensor() for p in params]
+    norms = [torch.zeros(()), torch.zeros(())]
+    torch.distributed.all_gather(norms, norm)
+    if rank == 0:
+        torch.save({"before": before, "after": after, "norms": norms}, out_dir / "clip.pt")
+    torch.distributed.barrier()  # as train_grouped_on_rank: both ranks tear gloo down together
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_clipping_on_shards_clips_as_torch_clips_the_whole_gradients(tmp_path: Path) -> None:
+    """Two real ranks (~10 s), each holding half of each gradient: the norm every rank returns
+    and the clipped gradients, gathered, are torch's clip_grad_norm_ of the whole gradients."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(clip_on_rank, args=(str(tmp_path / "rendezvous"), tmp_path), nprocs=2)
+    saved = torch.load(tmp_path / "clip.pt")
+    whole = [torch.nn.Parameter(torch.zeros_like(g)) for g in saved["before"]]
+    for p, g in zip(whole, saved["before"], strict=True):
+        p.grad = g.clone()
+    expected = torch.nn.utils.clip_grad_norm_(whole, 0.001)
+    assert expected > 0.01  # so 0.001 clips: gradients left alone would not match
+    for norm in saved["norms"]:
+        torch.testing.assert_close(norm, expected)
+    torch.testing.assert_close(saved["after"], [p.grad for p in whole])
+
+
+def test_clipping_takes_other_layouts_to_torch_and_reads_shards_without_autograd() -> None:
+    """In a world of one: the shards clipped as torch clips the same DTensors, DTensor's
+    autograd-tracked to_local never called; plain gradients (no FSDP) go to torch's function."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import _api
+
+    from volt.strategies.fsdp import clip_sharded_grad_norm_
+
+    plain = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    for p in plain:
+        p.grad = torch.full_like(p, 2.0)
+    torch.testing.assert_close(clip_sharded_grad_norm_(plain, 1.0), torch.tensor(20**0.5))
+    torch.testing.assert_close(plain[0].grad, torch.full((3,), 2 / (20**0.5 + 1e-6)))
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    tracked = _api._ToTorchTensor.apply
+    try:
+        torch.manual_seed(0)
+        holder = sharded_gpt(0, init_device_mesh("cpu", (1,)), vocab_size=16)
+        holder.net(torch.randint(0, 16, (2, 8))).logsumexp(-1).mean().backward()
+        params = list(holder.parameters())
+        saved = [p.grad.to_local().clone() for p in params]
+        expected = torch.nn.utils.clip_grad_norm_(params, 0.01).full_tensor()
+        clipped = [p.grad.to_local().clone() for p in params]
+        for p, g in zip(params, saved, strict=True):
+            p.grad.to_local().copy_(g)
+        calls = []
+        _api._ToTorchTensor.apply = lambda *a: calls.append(a) or tracked(*a)
+        norm = clip_sharded_grad_norm_(params, 0.01)
+        assert not calls
+        assert expected > 0.1  # so 0.01 clips
+        torch.testing.assert_close(norm, expected)
+        torch.testing.assert_close([p.grad.to_local() for p in params], clipped)
+    finally:
+        _api._ToTorchTensor.apply = tracked
         torch.distributed.destroy_process_group()

@@ -14,7 +14,7 @@ Lightning 2.6 with torch 2.11 (GPU) and 2.14 (here):
   that keep their shapes, so `param_groups`, `num_params` (MFU) and state_dict keys are as without
   sharding.
 - Lightning's FSDP1 precision plugin refuses gradient clipping by norm (gpt_bytes clips at 1.0);
-  FSDP2's DTensor gradients give torch's `clip_grad_norm_` the global norm.
+  under FSDP2 each rank clips its shards by the global norm (`clip_sharded_grad_norm_`).
 - bf16-mixed: FSDP1 as Lightning sets it up reduces gradients in bf16; here they are gathered in
   bf16 and reduced in float32 (`MixedPrecisionPolicy`).
 - Lightning builds FSDP1 only on CUDA; FSDP2 trains on the CPU over gloo, so it is tested with real
@@ -42,7 +42,7 @@ Checkpoints (`trainer.strategy.checkpoint`; docs/checkpoints.md):
 What is on disk decides how it is read: either resumes under either setting.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -63,6 +63,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, OptimStateKeyType, fully_shard
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
 from torch.distributed.tensor import DTensor
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from volt.checkpointing import (
@@ -174,6 +175,9 @@ class FSDPStrategy(ModelParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)  # after sharding: the optimiser holds the DTensors
         self.setup_precision_plugin()
+        # Clipping by norm on this rank's shards (`clip_sharded_grad_norm_`): Lightning 2.6.6
+        # gives every precision plugin torch's clip_grad_norm_, and has no strategy hook for it.
+        self.precision_plugin.clip_grad_by_norm = _clip_by_norm_on_shards  # type: ignore[method-assign]
 
     @override
     def save_checkpoint(
@@ -264,6 +268,50 @@ class FSDPStrategy(ModelParallelStrategy):
             by_name = FSDP1.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_NAME, self.model)
             set_optimizer_state_dict(self.model, optimizer, by_name, options=options)
         return checkpoint
+
+
+def _clip_by_norm_on_shards(optimizer: Optimizer, clip_val: float) -> None:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    clip_sharded_grad_norm_(params, clip_val)
+
+
+@torch.no_grad()
+def clip_sharded_grad_norm_(parameters: Iterable[Tensor], max_norm: float) -> Tensor:
+    """torch's `clip_grad_norm_` (the 2-norm over all gradients) for gradients FSDP2 shards along
+    one mesh dimension: the squared norms of this rank's shards, summed over the ranks in one
+    all-reduce, scale the shards in place. Returns the total norm (a plain tensor, the same on
+    every rank).
+
+    torch's own function takes the same DTensors, but spends host time in DTensor's dispatch of
+    each foreach op over every gradient: clipping the 85M GPT's 75 gradients took 1,399 µs of
+    host time a step against 919 µs here (one H200's host, a world of one, torch 2.11,
+    2026-11-29), on a step that FSDP leaves bound by the host. Any other layout (a plain tensor,
+    replicated or 2-D placements) goes to torch's function.
+    """
+    params = list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    meshes = {g.device_mesh for g in sharded}
+    on_shards = len(sharded) == len(grads) and len(meshes) == 1
+    on_shards &= all(g.device_mesh.ndim == 1 and g.placements[0].is_shard() for g in sharded)
+    if not on_shards:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    (mesh,) = meshes
+    local = [g.to_local() for g in sharded]  # the shards themselves: autograd is off here
+    by_kind: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for g in local:
+        by_kind.setdefault((g.device, g.dtype), []).append(g)
+    squares = [
+        torch.stack(torch._foreach_norm(kind, 2.0)).float().square().sum()
+        for kind in by_kind.values()
+    ]
+    total = torch.stack([s.to(mesh.device_type) for s in squares]).sum()
+    torch.distributed.all_reduce(total, group=mesh.get_group())  # shards are disjoint: a sum
+    total = total.sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for (device, _), kind in by_kind.items():
+        torch._foreach_mul_(kind, coef.to(device))
+    return total
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
