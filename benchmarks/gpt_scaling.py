@@ -331,6 +331,7 @@ def volt_throughput(outputs: Path, plan: Plan) -> dict[str, Any]:
         "tokens_per_s": tokens_per_s,
         "mfu": float(mfu) * tokens_per_s / rates[0] if mfu else None,
         "peak_gib": peak_gib(rows),
+        "window_tokens_per_s": rates,
     }
 
 
@@ -541,6 +542,23 @@ def by_round(rates: dict[Round, dict[Side, float | None]]) -> list[str]:
             alone = " (a world of one)" if gpus == 1 and run != "volt-gpu" else ""
             lines.append(f"- {RUNS[run]}{alone} / plain, by round: {', '.join(cells)}; {middle}")
     return lines
+
+
+def window_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Each volt run's tokens/s window by window (TokenThroughput's), and how far its slowest
+    falls below its fastest: a stall inside the run against a run slow throughout (the GPT under
+    trainer=fsdp measured 0.97M to 1.25M tokens/s in runs minutes apart, 2026-11-29)."""
+    lines = []
+    for r in sorted(runs, key=lambda r: (r.get("run", ""), r.get("round", 0))):
+        rates = r.get("window_tokens_per_s")
+        if rates and len(rates) > 1:
+            name = f"{RUNS[r['run']]} on {r['gpus']}"
+            name += f" (round {r['round'] + 1})" if "round" in r else ""
+            each = ", ".join(f"{rate:,.0f}" for rate in rates)
+            lines.append(f"- {name}: {each} tokens/s ({1 - min(rates) / max(rates):.1%} apart)")
+    if not lines:
+        return []
+    return ["", "Each volt run's windows, and how far the slowest fell below the fastest:", *lines]
 
 
 def round_of(record: dict[str, Any]) -> Round:
@@ -782,7 +800,7 @@ def main() -> None:
         page.check("gpt_scaling")
     if args.report:
         saved = saved_results(args.report)
-        table = report(saved["about"], saved["records"])
+        table, records = report(saved["about"], saved["records"]), saved["records"]
     else:
         if args.rounds < 1:
             parser.error(f"--rounds {args.rounds}: give 1 or more, e.g. --rounds 3")
@@ -794,14 +812,17 @@ def main() -> None:
         # A timeout's SIGTERM ends this process through its `finally`s: each run's process
         # group is stopped (harness.run_fresh), not left holding the GPUs.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-        table = measured(args)
+        table, records = measured(args)
     print(f"\n{table}", flush=True)
+    for line in window_lines(records):  # for whoever measures: not the page's
+        print(line, flush=True)
     if page:
         page.write(table)
 
 
-def measured(args: argparse.Namespace) -> str:
-    """The throughput runs asked for, then the climbs; the report of all the results."""
+def measured(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
+    """The throughput runs asked for, then the climbs; the report of all the results, and
+    they."""
     plan = make_plan(args)
     ladder = args.largest or [parse_shape(s) for s in (TINY_LADDER if args.tiny else LADDER)]
     plan.work.mkdir(parents=True, exist_ok=True)
@@ -825,7 +846,7 @@ def measured(args: argparse.Namespace) -> str:
     if args.largest is not None:
         failed = climb("ddp", ladder, plan, results)
         climb("fsdp", ladder[failed:] if failed is not None else ladder[-1:], plan, results)
-    return report(results.about, results.records)
+    return report(results.about, results.records), results.records
 
 
 if __name__ == "__main__":

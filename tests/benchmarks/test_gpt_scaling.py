@@ -226,6 +226,8 @@ def test_tiny_run_measures_every_side_and_writes_the_readme_tables(
         assert record["tokens_per_s"] > 0 and record["wall_s"] > 0
         assert record["gpus"] == (1 if name in ("plain-1", "volt-gpu") else 2)
         assert record["mfu"] is None and record["peak_gib"] is None  # a CPU has neither
+        if name.startswith("volt"):  # TokenThroughput's timed windows, each its own rate
+            assert record["window_tokens_per_s"] and min(record["window_tokens_per_s"]) > 0
     assert runs["plain-1"]["params"] == runs["plain-ddp"]["params"] > 0
     probes = [r for r in saved["records"] if "largest" in r]
     assert [(r["largest"], r["shape"], r["outcome"]) for r in probes] == [
@@ -371,7 +373,7 @@ def test_rounds_alternate_the_order_and_report_volt_over_plain_per_round(
         tiny=True, probe_timeout=60.0, work=str(tmp_path), runs=["plain-ddp", "volt-ddp"],
         rounds=3, **options,
     )  # fmt: skip
-    text = scaling.measured(args)
+    text, _ = scaling.measured(args)
     assert order == ["plain-ddp", "volt-ddp", "volt-ddp", "plain-ddp", "plain-ddp", "volt-ddp"]
     rows = [line for line in text.splitlines() if line.startswith("| volt, `trainer=ddp`")]
     assert [row.split("|")[-2].strip() for row in rows] == ["0.900", "", "0.950"]
@@ -475,3 +477,19 @@ def test_the_plain_ddp_loop_buckets_gradients_as_volts_ddp_config(
         torch.set_float32_matmul_precision(matmul)
     assert [w["bucket_cap_mb"] for w in wrapped] == [bucket_mb]
     assert '"tokens_per_s"' in capsys.readouterr().out
+
+
+def test_each_volt_runs_windows_are_printed_apart_from_the_page(scaling: ModuleType) -> None:
+    """A stall inside a run shows as one slow window; the plain loop is timed as one window."""
+    records = [
+        run("plain-ddp", 2, 800_000, None),
+        run("volt-fsdp", 2, 700_000, 5.0) | {"window_tokens_per_s": [800_000.0, 600_000.0]},
+        run("volt-ddp", 2, 780_000, 7.0) | {"window_tokens_per_s": [780_000.0]},
+    ]
+    assert scaling.window_lines(records) == [
+        "",
+        "Each volt run's windows, and how far the slowest fell below the fastest:",
+        "- volt, `trainer=fsdp` on 2: 800,000, 600,000 tokens/s (25.0% apart)",
+    ]
+    assert "600,000" not in scaling.report(ABOUT, records)  # the page keeps its one table
+    assert scaling.window_lines(RECORDS) == []
