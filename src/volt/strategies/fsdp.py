@@ -285,8 +285,8 @@ def clip_sharded_grad_norm_(parameters: Iterable[Tensor], max_norm: float) -> Te
     torch's own function takes the same DTensors, but spends host time in DTensor's dispatch of
     each foreach op over every gradient: clipping the 85M GPT's 75 gradients took 1,399 µs of
     host time a step against 919 µs for a prototype of this (one H200's host, a world of one,
-    torch 2.11, 2026-11-29), on a step that FSDP leaves bound by the host. Any other layout (a plain tensor,
-    replicated or 2-D placements) goes to torch's function.
+    torch 2.11, 2026-11-29), on a step that FSDP leaves bound by the host. Any other layout (a
+    plain tensor, replicated or 2-D placements) goes to torch's function.
     """
     params = list(parameters)
     grads = [p.grad for p in params if p.grad is not None]
