@@ -306,7 +306,9 @@ def test_each_kind_of_gradient_is_flagged_by_its_kernel(kernel: str, bad: float 
     assert torch.equal(grads[0], torch.ones(3, dtype=torch.bfloat16))  # x * 1.0 is x
 
 
-def test_sharded_gradients_are_read_without_autograd_and_flagged() -> None:
+def test_sharded_gradients_are_read_without_autograd_and_flagged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """trainer=fsdp's gradients are DTensors: their shards are read with autograd off (DTensor's
     tracked to_local cost 18 µs a gradient), and a NaN in one is still flagged (a world of one)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -315,24 +317,24 @@ def test_sharded_gradients_are_read_without_autograd_and_flagged() -> None:
 
     store = torch.distributed.HashStore()
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
-    tracked = _api._ToTorchTensor.apply
     try:
         model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
         model(torch.randn(3, 4)).sum().backward()
-        model[1].weight.grad.to_local()[0, 0] = math.nan  # outside the guard: autograd off here
+        with torch.no_grad():  # the shard itself, written in place
+            model[1].weight.grad.to_local()[0, 0] = math.nan
         guard = FiniteGuard(check_every_n_steps=100)
         guard.check_every_n_steps = 100
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         calls = []
-        _api._ToTorchTensor.apply = lambda *a: calls.append(a) or tracked(*a)
+        tracked = _api._ToTorchTensor.apply
+        monkeypatch.setattr(_api._ToTorchTensor, "apply", lambda *a: calls.append(a) or tracked(*a))
         guard.on_before_backward(SimpleNamespace(), model, torch.tensor(1.0))  # type: ignore[arg-type]
         step = SimpleNamespace(global_step=0)
         guard.on_before_optimizer_step(step, model, optimizer)  # type: ignore[arg-type]
         assert not calls
         assert guard._steps[0].found is not None and guard._steps[0].found.item() == 1.0
     finally:
-        _api._ToTorchTensor.apply = tracked
         torch.distributed.destroy_process_group()
 
 

@@ -188,5 +188,6 @@ class RecordClipping(Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         clip = trainer.precision_plugin.clip_grad_by_norm
+        clip = getattr(clip, "func", clip)  # a functools.partial's function
         name = f"{clip.__module__}.{clip.__qualname__}"
         Path(trainer.default_root_dir, f"clip_rank{trainer.global_rank}.txt").write_text(name)

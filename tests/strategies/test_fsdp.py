@@ -136,7 +136,8 @@ def test_two_cpu_ranks_fit_sample_and_eval_reads_the_checkpoint(
 ) -> None:
     # The single-file layout; the sharded default: tests/strategies/test_fsdp_checkpoints.py.
     clipping = f"+callbacks.clipping={{_target_: {PROBES}.RecordClipping}}"
-    result = run_volt([*TINY, "name=tiny", "trainer.strategy.checkpoint=full", clipping])
+    trusted = "trusted_targets=[tests]"  # the probe's package
+    result = run_volt([*TINY, "name=tiny", "trainer.strategy.checkpoint=full", clipping, trusted])
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "tiny"
     assert_two_ranks_trained(run_dir)
@@ -532,10 +533,14 @@ def test_grouping_shards_every_layout_it_trains(
 
 
 def clip_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
-    """On each of two gloo ranks: the 5-block GPT sharded as one group, one backward of this
-    rank's own batch, its gradients clipped on the shards; rank 0 saves the gathered gradients
-    before and after, and the norm each rank returned."""
+    """On each of two gloo ranks: the 5-block GPT, every block its own group, and a layer of odd
+    shapes (rank 1 holds empty shards of its (1, 3) weight and (1,) bias); one backward of this
+    rank's own batch, the gradients clipped on the shards. Then a gradient replicated on both
+    ranks, which must go to torch's function. Rank 0 saves the gathered gradients before and
+    after, and the norms every rank returned."""
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
     from volt.strategies.fsdp import clip_sharded_grad_norm_
 
@@ -543,26 +548,37 @@ def clip_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
     )
+    mesh = init_device_mesh("cpu", (2,))
     torch.manual_seed(0)
-    holder = sharded_gpt(0, init_device_mesh("cpu", (2,)))  # every block its own group
+    holder = sharded_gpt(0, mesh)
+    holder.odd = fully_shard(
+        torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1)), mesh=mesh
+    )
     torch.manual_seed(1 + rank)
-    holder.net(torch.randint(0, 256, (2, 16))).logsumexp(-1).mean().backward()
+    loss = holder.net(torch.randint(0, 256, (2, 16))).logsumexp(-1).mean()
+    (loss + holder.odd(torch.randn(4, 5)).square().mean()).backward()
     params = list(holder.parameters())
     before = [p.grad.full_tensor() for p in params]
     norm = clip_sharded_grad_norm_(params, 0.001)
+    assert not isinstance(norm, DTensor)  # the shards' own path, not torch's
     after = [p.grad.full_tensor() for p in params]
-    norms = [torch.zeros(()), torch.zeros(())]
-    torch.distributed.all_gather(norms, norm)
+    replicated = torch.nn.Parameter(distribute_tensor(torch.ones(3), mesh, [Replicate()]))
+    replicated.grad = distribute_tensor(torch.full((3,), 2.0), mesh, [Replicate()])
+    replicated_norm = clip_sharded_grad_norm_([replicated], 1.0)
+    saved = {"before": before, "after": after, "norms": [torch.zeros(()), torch.zeros(())]}
+    torch.distributed.all_gather(saved["norms"], norm)
+    saved["replicated"] = replicated_norm.full_tensor()
     if rank == 0:
-        torch.save({"before": before, "after": after, "norms": norms}, out_dir / "clip.pt")
+        torch.save(saved, out_dir / "clip.pt")
     torch.distributed.barrier()  # as train_grouped_on_rank: both ranks tear gloo down together
     torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_clipping_on_shards_clips_as_torch_clips_the_whole_gradients(tmp_path: Path) -> None:
-    """Two real ranks (~10 s), each holding half of each gradient: the norm every rank returns
-    and the clipped gradients, gathered, are torch's clip_grad_norm_ of the whole gradients."""
+    """Two real ranks (~10 s), each holding part of each gradient (some none): the norm every
+    rank returns and the clipped gradients, gathered, are torch's clip_grad_norm_ of the whole
+    gradients; a replicated gradient counts once (torch's function)."""
     import torch.multiprocessing as mp
 
     mp.spawn(clip_on_rank, args=(str(tmp_path / "rendezvous"), tmp_path), nprocs=2)
@@ -575,13 +591,17 @@ def test_clipping_on_shards_clips_as_torch_clips_the_whole_gradients(tmp_path: P
     for norm in saved["norms"]:
         torch.testing.assert_close(norm, expected)
     torch.testing.assert_close(saved["after"], [p.grad for p in whole])
+    torch.testing.assert_close(saved["replicated"], torch.tensor(12**0.5))  # not summed twice
 
 
-def test_clipping_takes_other_layouts_to_torch_and_reads_shards_without_autograd() -> None:
-    """In a world of one: the shards clipped as torch clips the same DTensors, DTensor's
-    autograd-tracked to_local never called; plain gradients (no FSDP) go to torch's function."""
+def test_clipping_takes_other_layouts_to_torch_and_reads_shards_without_autograd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a world of one: the shards clipped as torch clips the same DTensors, by the shards'
+    own path (a plain tensor back), DTensor's autograd-tracked to_local never called; plain
+    gradients (no FSDP) go to torch's function."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import _api
+    from torch.distributed.tensor import DTensor, _api
 
     from volt.strategies.fsdp import clip_sharded_grad_norm_
 
@@ -593,7 +613,6 @@ def test_clipping_takes_other_layouts_to_torch_and_reads_shards_without_autograd
 
     store = torch.distributed.HashStore()
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
-    tracked = _api._ToTorchTensor.apply
     try:
         torch.manual_seed(0)
         holder = sharded_gpt(0, init_device_mesh("cpu", (1,)), vocab_size=16)
@@ -605,12 +624,32 @@ def test_clipping_takes_other_layouts_to_torch_and_reads_shards_without_autograd
         for p, g in zip(params, saved, strict=True):
             p.grad.to_local().copy_(g)
         calls = []
-        _api._ToTorchTensor.apply = lambda *a: calls.append(a) or tracked(*a)
+        tracked = _api._ToTorchTensor.apply
+        monkeypatch.setattr(_api._ToTorchTensor, "apply", lambda *a: calls.append(a) or tracked(*a))
         norm = clip_sharded_grad_norm_(params, 0.01)
         assert not calls
+        assert not isinstance(norm, DTensor)  # torch's function would give a DTensor back
         assert expected > 0.1  # so 0.01 clips
         torch.testing.assert_close(norm, expected)
         torch.testing.assert_close([p.grad.to_local() for p in params], clipped)
     finally:
-        _api._ToTorchTensor.apply = tracked
         torch.distributed.destroy_process_group()
+
+
+def test_a_precision_plugin_that_clips_its_own_way_keeps_it() -> None:
+    """Lightning's plugins clip on the shards under trainer=fsdp; a user's plugin (trainer.plugins)
+    whose clip_grad_by_norm is its own is left alone."""
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    from volt.strategies.fsdp import clip_on_shards
+
+    class OwnClip(Precision):
+        def clip_grad_by_norm(self, optimizer: Any, clip_val: int | float) -> None:
+            pass
+
+    for plugin in (Precision(), MixedPrecision("bf16-mixed", "cpu")):
+        clip_on_shards(plugin)
+        assert plugin.clip_grad_by_norm.func.__name__ == "_clip_by_norm_on_shards"  # type: ignore[attr-defined]
+    own = OwnClip()
+    clip_on_shards(own)
+    assert own.clip_grad_by_norm.__func__ is OwnClip.clip_grad_by_norm  # type: ignore[attr-defined]
