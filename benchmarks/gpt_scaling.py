@@ -547,7 +547,8 @@ def by_round(rates: dict[Round, dict[Side, float | None]]) -> list[str]:
 def window_lines(runs: list[dict[str, Any]]) -> list[str]:
     """Each volt run's tokens/s window by window (TokenThroughput's), and how far its slowest
     falls below its fastest: a stall inside the run against a run slow throughout (the GPT under
-    trainer=fsdp measured 0.97M to 1.25M tokens/s in runs minutes apart, 2026-11-29)."""
+    trainer=fsdp measured 1.03M and 1.25M tokens/s in runs minutes apart on one pair of H200s,
+    2026-11-29)."""
     lines = []
     for r in sorted(runs, key=lambda r: (r.get("run", ""), r.get("round", 0))):
         rates = r.get("window_tokens_per_s")
@@ -821,8 +822,8 @@ def main() -> None:
 
 
 def measured(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]]]:
-    """The throughput runs asked for, then the climbs; the report of all the results, and
-    they."""
+    """The throughput runs asked for, then the climbs: the report of all the results, and the
+    results themselves."""
     plan = make_plan(args)
     ladder = args.largest or [parse_shape(s) for s in (TINY_LADDER if args.tiny else LADDER)]
     plan.work.mkdir(parents=True, exist_ok=True)
