@@ -88,9 +88,11 @@ case ${1:-tests} in
               # rounds (2), the order reversed every other round, volt / plain per round: each
               # run about 75-90 s on 2 x H200 (2026-11-29), so 2 rounds of 3 runs fill a call
               # (RUNS="plain-ddp volt-ddp" others; GPUS=1: DDP in a world of one, on one GPU;
-              # BUCKET_MB=25: DDP's gradient buckets on both sides, torch's default size)
+              # BUCKET_MB=25: DDP's gradient buckets on both sides, torch's default size;
+              # STEPS=400: timed steps, 8 of volt's windows; CACHE=shared: one compile cache)
     timeout -k 10 "${ROUNDS_TIMEOUT:-560}" python benchmarks/gpt_scaling.py \
       --runs ${RUNS:-plain-ddp volt-ddp volt-fsdp} ${GPUS:+--gpus $GPUS} ${BUCKET_MB:+--bucket-mb $BUCKET_MB} \
+      ${STEPS:+--steps $STEPS} ${CACHE:+--compile-cache $CACHE} \
       --rounds "${ROUNDS:-2}" --timeout 120 --json "$out/gpt_rounds.json" \
       --work /tmp/gpt-rounds > "$out/gpt_rounds.log" 2>&1
     echo "gpt rounds: exit $?"; grep -E " on [0-9]+" "$out/gpt_rounds.log"

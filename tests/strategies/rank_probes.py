@@ -183,11 +183,15 @@ class SignalAt(Callback):
 
 
 class RecordClipping(Callback):
-    """Writes the function this rank's precision plugin clips gradients by norm with (module and
-    name) to <run dir>/clip_rank<N>.txt."""
+    """Writes the function this rank's precision plugin clips gradients by norm with, and the one
+    its optimiser steps with (module and name), to <run dir>/clip_rank<N>.txt and
+    step_rank<N>.txt."""
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         clip = trainer.precision_plugin.clip_grad_by_norm
         clip = getattr(clip, "func", clip)  # a functools.partial's function
-        name = f"{clip.__module__}.{clip.__qualname__}"
-        Path(trainer.default_root_dir, f"clip_rank{trainer.global_rank}.txt").write_text(name)
+        step = trainer.optimizers[0].step
+        step = getattr(step, "__func__", step)  # a bound method's function
+        for name, function in (("clip", clip), ("step", step)):
+            text = f"{function.__module__}.{function.__qualname__}"
+            Path(trainer.default_root_dir, f"{name}_rank{trainer.global_rank}.txt").write_text(text)

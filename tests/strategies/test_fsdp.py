@@ -141,9 +141,11 @@ def test_two_cpu_ranks_fit_sample_and_eval_reads_the_checkpoint(
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "train" / "runs" / "tiny"
     assert_two_ranks_trained(run_dir)
-    for rank in (0, 1):  # gpt_bytes clips at 1.0: each rank on its shards
+    for rank in (0, 1):  # gpt_bytes clips at 1.0 and steps AdamW: each rank on its shards
         clip = (run_dir / f"clip_rank{rank}.txt").read_text()
         assert clip == "volt.strategies.fsdp._clip_by_norm_on_shards"
+        step = (run_dir / f"step_rank{rank}.txt").read_text()
+        assert step == "volt.strategies.fsdp.step_on_shards.<locals>.step"
     # Both ranks sampled (the sharded forward needs both), rank 0 wrote: at each validation.
     assert text_samples(run_dir) == [3, 6]
     trained = json.loads((run_dir / "metrics.json").read_text())
@@ -653,3 +655,176 @@ def test_a_precision_plugin_that_clips_its_own_way_keeps_it() -> None:
     own = OwnClip()
     clip_on_shards(own)
     assert own.clip_grad_by_norm.__func__ is OwnClip.clip_grad_by_norm  # type: ignore[attr-defined]
+
+
+def dtensors_and_state(optimizer: torch.optim.Optimizer) -> list[dict[str, Tensor]]:
+    """Each parameter's state (by the order of the parameter groups), DTensors as local tensors."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return [
+        {k: v.to_local() if isinstance(v, DTensor) else v for k, v in optimizer.state[p].items()}
+        for p in params
+    ]
+
+
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "fused AdamW": lambda params: torch.optim.AdamW(params, lr=0.01, fused=True),
+    "foreach Adam, amsgrad": lambda params: torch.optim.Adam(
+        params, lr=0.01, weight_decay=0.1, amsgrad=True, foreach=True
+    ),
+    "SGD, Nesterov": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9, nesterov=True),
+}
+
+
+@pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
+def test_an_optimizer_steps_on_the_shards_as_on_the_dtensors(
+    make: Callable[[Any], torch.optim.Optimizer],
+) -> None:
+    """In a world of one, three steps of the same gradients: the optimizer volt wraps sees plain
+    tensors inside its step, yet leaves the same weights and state as one stepping the DTensors,
+    state kept as DTensors under the DTensor parameters; its LR scheduler (made first, as
+    Lightning makes it) sees its step called; a sharded checkpoint of the state reloads into
+    another wrapped optimizer, through DCP, bit for bit."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from volt.strategies.fsdp import step_on_shards
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        nets = []
+        for _ in range(3):
+            torch.manual_seed(0)
+            nets.append(sharded_gpt(0, mesh, vocab_size=16))
+        plain, wrapped, restored = nets
+        as_is, on_shards = make(plain.parameters()), make(wrapped.parameters())
+        scheduler = torch.optim.lr_scheduler.LambdaLR(on_shards, lambda step: 0.5**step)
+        step_on_shards(on_shards)
+        seen: list[set[type]] = []
+        on_shards.register_step_pre_hook(
+            lambda opt, *_: seen.append({type(p) for g in opt.param_groups for p in g["params"]})
+        )
+        for _ in range(3):
+            plain.net(torch.randint(0, 16, (2, 8))).logsumexp(-1).mean().backward()
+            for p, q in zip(plain.parameters(), wrapped.parameters(), strict=True):
+                q.grad = p.grad.clone()
+            as_is.step()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # the scheduler's warning about a replaced step
+                on_shards.step()
+                scheduler.step()
+            as_is.zero_grad()
+            on_shards.zero_grad()
+            as_is.param_groups[0]["lr"] = on_shards.param_groups[0]["lr"]
+        assert seen == [{torch.Tensor}] * 3
+        assert all(isinstance(p, DTensor) for g in on_shards.param_groups for p in g["params"])
+        for p, q in zip(plain.parameters(), wrapped.parameters(), strict=True):
+            assert torch.equal(p.to_local(), q.to_local())
+            assert q.grad is None
+        assert set(on_shards.state) == set(wrapped.parameters())
+        for p, state in on_shards.state.items():
+            for value in state.values():
+                if value.dim():
+                    assert isinstance(value, DTensor) and value.placements == p.placements
+        torch.testing.assert_close(
+            dtensors_and_state(on_shards), dtensors_and_state(as_is), rtol=0, atol=0
+        )
+
+        again = make(restored.parameters())
+        step_on_shards(again)
+        state_dict = get_optimizer_state_dict(wrapped, on_shards)
+        set_optimizer_state_dict(restored, again, state_dict)  # DCP steps it once to make state
+        torch.testing.assert_close(
+            dtensors_and_state(again), dtensors_and_state(on_shards), rtol=0, atol=0
+        )
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_optimizers_that_are_not_elementwise_keep_their_own_step() -> None:
+    """Only torch's AdamW, Adam and SGD themselves step on shards: a subclass, whose step may do
+    anything, and an optimizer of another kind keep their step."""
+    from volt.strategies.fsdp import step_on_shards
+
+    class Custom(torch.optim.AdamW):
+        pass
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    for optimizer in (Custom(params), torch.optim.LBFGS(params), torch.optim.RMSprop(params)):
+        step_on_shards(optimizer)
+        assert optimizer.step.__func__ is type(optimizer).step  # type: ignore[attr-defined]
+    wrapped = torch.optim.SGD(params)
+    step_on_shards(wrapped)
+    assert wrapped.step.__func__.__qualname__ == "step_on_shards.<locals>.step"  # type: ignore[attr-defined]
+
+
+def step_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
+    """On each of two gloo ranks: the 5-block GPT and the layer of odd shapes of clip_on_rank
+    (rank 1 holds empty shards), two fused AdamW steps on the shards of this rank's own batches.
+    Rank 0 saves the gathered weights before, each step's gathered gradients, the types its
+    step saw, and the gathered weights and first moments after."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from volt.strategies.fsdp import step_on_shards
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
+    )
+    mesh = init_device_mesh("cpu", (2,))
+    torch.manual_seed(0)
+    holder = sharded_gpt(0, mesh)
+    holder.odd = fully_shard(
+        torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1)), mesh=mesh
+    )
+    optimizer = torch.optim.AdamW(holder.parameters(), lr=0.01, fused=True)
+    step_on_shards(optimizer)
+    params = list(holder.parameters())
+    saved: dict[str, Any] = {"before": [p.full_tensor() for p in params], "grads": []}
+    saved["stepped"] = stepped = []  # what each step saw: the shards, not the DTensors
+    optimizer.register_step_pre_hook(
+        lambda opt, *_: stepped.append({type(p) for g in opt.param_groups for p in g["params"]})
+    )
+    torch.manual_seed(1 + rank)
+    for _ in range(2):
+        loss = holder.net(torch.randint(0, 256, (2, 16))).logsumexp(-1).mean()
+        (loss + holder.odd(torch.randn(4, 5)).square().mean()).backward()
+        saved["grads"].append([p.grad.full_tensor() for p in params])
+        optimizer.step()
+        optimizer.zero_grad()
+    saved["after"] = [p.full_tensor() for p in params]
+    saved["exp_avg"] = [optimizer.state[p]["exp_avg"].full_tensor() for p in params]
+    if rank == 0:
+        torch.save(saved, out_dir / "steps.pt")
+    torch.distributed.barrier()  # as train_grouped_on_rank: both ranks tear gloo down together
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_stepping_on_shards_steps_as_torch_steps_the_whole_weights(tmp_path: Path) -> None:
+    """Two real ranks (~10 s), each stepping only its part of each weight (some none): the
+    weights and moments, gathered, are those of fused AdamW on the whole weights and gradients."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(step_on_rank, args=(str(tmp_path / "rendezvous"), tmp_path), nprocs=2)
+    saved = torch.load(tmp_path / "steps.pt")
+    whole = [torch.nn.Parameter(w.clone()) for w in saved["before"]]
+    optimizer = torch.optim.AdamW(whole, lr=0.01, fused=True)
+    for grads in saved["grads"]:
+        for p, g in zip(whole, grads, strict=True):
+            p.grad = g
+        optimizer.step()
+    assert saved["stepped"] == [{torch.Tensor}] * 2
+    assert not torch.equal(saved["after"][0], saved["before"][0])  # it stepped
+    torch.testing.assert_close(saved["after"], [p.detach() for p in whole])
+    torch.testing.assert_close(saved["exp_avg"], [optimizer.state[p]["exp_avg"] for p in whole])
