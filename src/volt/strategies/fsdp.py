@@ -14,7 +14,8 @@ Lightning 2.6 with torch 2.11 (GPU) and 2.14 (here):
   that keep their shapes, so `param_groups`, `num_params` (MFU) and state_dict keys are as without
   sharding.
 - Lightning's FSDP1 precision plugin refuses gradient clipping by norm (gpt_bytes clips at 1.0);
-  under FSDP2 each rank clips its shards by the global norm (`clip_sharded_grad_norm_`).
+  under FSDP2 each rank clips its shards by the global norm (`clip_sharded_grad_norm_`), and
+  torch's AdamW, Adam and SGD step on each rank's shards (`step_on_shards`).
 - bf16-mixed: FSDP1 as Lightning sets it up reduces gradients in bf16; here they are gathered in
   bf16 and reduced in float32 (`MixedPrecisionPolicy`).
 - Lightning builds FSDP1 only on CUDA; FSDP2 trains on the CPU over gloo, so it is tested with real
