@@ -384,7 +384,9 @@ def _step_locally(optimizer: Optimizer, step: Callable[[], Any]) -> None:
     as_is = not sharded or any(group.get("differentiable") for group in groups)
     for p in sharded:
         as_is = as_is or p.dim() == 0 or any(place.is_partial() for place in p.placements)
-        as_is = as_is or (p.grad is not None and p.grad.placements != p.placements)
+        grad = p.grad
+        laid_out_alike = isinstance(grad, DTensor) and grad.placements == p.placements
+        as_is = as_is or (grad is not None and not laid_out_alike)
     if as_is:
         step()
         return
@@ -395,18 +397,18 @@ def _step_locally(optimizer: Optimizer, step: Callable[[], Any]) -> None:
         for group in groups:
             on_shards = []
             for p in group["params"]:
-                if isinstance(p, DTensor):
-                    local = p.to_local()
-                    local.grad = None if p.grad is None else p.grad.to_local()
-                    saved = state.pop(p, {})
-                    lent = {
-                        k: v.to_local() if isinstance(v, DTensor) else v for k, v in saved.items()
-                    }
-                    if lent:
-                        state[local] = lent
-                    swapped.append((p, local, saved, lent))
-                    p = local
-                on_shards.append(p)
+                if not isinstance(p, DTensor):
+                    on_shards.append(p)
+                    continue
+                local = p.to_local()
+                grad = p.grad  # a DTensor laid out as p, or None (checked above)
+                local.grad = grad.to_local() if isinstance(grad, DTensor) else None
+                saved = state.pop(p, {})
+                lent = {k: v.to_local() if isinstance(v, DTensor) else v for k, v in saved.items()}
+                if lent:
+                    state[local] = lent
+                swapped.append((p, local, saved, lent))
+                on_shards.append(local)
             group["params"] = on_shards
         step()
     finally:
