@@ -191,7 +191,7 @@ class RecordClipping(Callback):
         clip = trainer.precision_plugin.clip_grad_by_norm
         clip = getattr(clip, "func", clip)  # a functools.partial's function
         step = trainer.optimizers[0].step
-        step = getattr(step, "__func__", step)  # a bound method's function
+        step = getattr(step, "__func__", step)  # a bound method's function (torch's own step)
         for name, function in (("clip", clip), ("step", step)):
             text = f"{function.__module__}.{function.__qualname__}"
             Path(trainer.default_root_dir, f"{name}_rank{trainer.global_rank}.txt").write_text(text)

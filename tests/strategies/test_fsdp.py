@@ -677,15 +677,31 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
 }
 
 
+def spy_on_steps(monkeypatch: pytest.MonkeyPatch, cls: type) -> dict[int, list[set[type]]]:
+    """Record, by optimizer, the types of the parameters `cls`'s own step runs on (before any LR
+    scheduler or volt wraps it)."""
+    seen: dict[int, list[set[type]]] = {}
+    original = cls.step
+
+    def step(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        params = [p for group in self.param_groups for p in group["params"]]
+        seen.setdefault(id(self), []).append({type(p) for p in params})
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "step", step)
+    return seen
+
+
 @pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
 def test_an_optimizer_steps_on_the_shards_as_on_the_dtensors(
-    make: Callable[[Any], torch.optim.Optimizer],
+    make: Callable[[Any], torch.optim.Optimizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In a world of one, three steps of the same gradients: the optimizer volt wraps sees plain
-    tensors inside its step, yet leaves the same weights and state as one stepping the DTensors,
+    """In a world of one, three steps of the same gradients: the optimizer volt wraps runs its
+    step on plain tensors, yet leaves the same weights and state as one stepping the DTensors,
     state kept as DTensors under the DTensor parameters; its LR scheduler (made first, as
-    Lightning makes it) sees its step called; a sharded checkpoint of the state reloads into
-    another wrapped optimizer, through DCP, bit for bit."""
+    Lightning makes it) sees its step called; a copy of its sharded state dict loads into another
+    wrapped optimizer, through DCP, bit for bit."""
+    import copy
     import warnings
 
     from torch.distributed.checkpoint.state_dict import (
@@ -707,12 +723,9 @@ def test_an_optimizer_steps_on_the_shards_as_on_the_dtensors(
             nets.append(sharded_gpt(0, mesh, vocab_size=16))
         plain, wrapped, restored = nets
         as_is, on_shards = make(plain.parameters()), make(wrapped.parameters())
+        seen = spy_on_steps(monkeypatch, type(on_shards))
         scheduler = torch.optim.lr_scheduler.LambdaLR(on_shards, lambda step: 0.5**step)
         step_on_shards(on_shards)
-        seen: list[set[type]] = []
-        on_shards.register_step_pre_hook(
-            lambda opt, *_: seen.append({type(p) for g in opt.param_groups for p in g["params"]})
-        )
         for _ in range(3):
             plain.net(torch.randint(0, 16, (2, 8))).logsumexp(-1).mean().backward()
             for p, q in zip(plain.parameters(), wrapped.parameters(), strict=True):
@@ -725,7 +738,7 @@ def test_an_optimizer_steps_on_the_shards_as_on_the_dtensors(
             as_is.zero_grad()
             on_shards.zero_grad()
             as_is.param_groups[0]["lr"] = on_shards.param_groups[0]["lr"]
-        assert seen == [{torch.Tensor}] * 3
+        assert seen == {id(as_is): [{DTensor}] * 3, id(on_shards): [{torch.Tensor}] * 3}
         assert all(isinstance(p, DTensor) for g in on_shards.param_groups for p in g["params"])
         for p, q in zip(plain.parameters(), wrapped.parameters(), strict=True):
             assert torch.equal(p.to_local(), q.to_local())
@@ -741,11 +754,110 @@ def test_an_optimizer_steps_on_the_shards_as_on_the_dtensors(
 
         again = make(restored.parameters())
         step_on_shards(again)
-        state_dict = get_optimizer_state_dict(wrapped, on_shards)
+        # A copy: the state dict holds the optimizer's own tensors, which loading would share.
+        state_dict = copy.deepcopy(get_optimizer_state_dict(wrapped, on_shards))
         set_optimizer_state_dict(restored, again, state_dict)  # DCP steps it once to make state
         torch.testing.assert_close(
             dtensors_and_state(again), dtensors_and_state(on_shards), rtol=0, atol=0
         )
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_a_step_on_shards_runs_the_closure_skips_gradless_weights_and_restores_on_error() -> None:
+    """Two parameter groups, one weight without a gradient: a closure passed to step runs with
+    gradients on (as torch's step runs it) and its loss comes back; the weight without one is
+    left alone, with no state. A step that fails leaves the groups and the state as they were.
+    Wrapping twice wraps once, and the wrapped optimizer is freed as soon as it is dropped."""
+    import weakref
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from volt.strategies.fsdp import step_on_shards
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        holder = sharded_gpt(0, init_device_mesh("cpu", (1,)), vocab_size=16)
+        params = list(holder.parameters())
+        matrices = [p for p in params if p.dim() == 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": matrices}, {"params": [p for p in params if p.dim() < 2]}], lr=0.1
+        )
+        step_on_shards(optimizer)
+        wrapper = optimizer.step
+        step_on_shards(optimizer)
+        assert optimizer.step is wrapper
+        untouched = matrices[-1]
+        before = untouched.to_local().clone()
+
+        def closure() -> Tensor:
+            loss = holder.net(torch.randint(0, 16, (2, 8))).logsumexp(-1).mean()
+            loss.backward()
+            untouched.grad = None
+            return loss
+
+        with torch.no_grad():  # as Lightning's loop may call it
+            loss = optimizer.step(closure)
+        assert isinstance(loss, Tensor) and loss.requires_grad
+        assert untouched not in optimizer.state
+        assert torch.equal(untouched.to_local(), before)
+        assert len(optimizer.state) == len(params) - 1
+
+        groups = [list(g["params"]) for g in optimizer.param_groups]
+        state = {p: {k: id(v) for k, v in s.items()} for p, s in optimizer.state.items()}
+        closure()
+        optimizer.param_groups[0]["lr"] = None  # the step fails before it changes anything
+        with pytest.raises(TypeError):
+            optimizer.step()
+        assert [list(g["params"]) for g in optimizer.param_groups] == groups
+        assert {p: {k: id(v) for k, v in s.items()} for p, s in optimizer.state.items()} == state
+        assert all(
+            isinstance(v, DTensor) for s in optimizer.state.values() for v in s.values() if v.dim()
+        )
+
+        fresh = torch.optim.AdamW(params, lr=0.1)
+        step_on_shards(fresh)
+        fresh.step()
+        dropped = weakref.ref(fresh)
+        del fresh
+        assert dropped() is None  # no cycle through its step: freed without the collector
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_an_optimizer_with_step_hooks_steps_on_the_dtensors_as_torch_runs_it() -> None:
+    """A step pre-hook runs before the closure and sees the DTensors, as without volt."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from volt.strategies.fsdp import step_on_shards
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        holder = sharded_gpt(0, init_device_mesh("cpu", (1,)), vocab_size=16)
+        optimizer = torch.optim.SGD(holder.parameters(), lr=0.1)
+        step_on_shards(optimizer)
+        calls: list[str] = []
+
+        def hook(opt: torch.optim.Optimizer, *_: Any) -> None:
+            types = {type(p) for g in opt.param_groups for p in g["params"]}
+            calls.append(f"hook {sorted(t.__name__ for t in types)}")
+
+        def closure() -> Tensor:
+            calls.append("closure")
+            loss = holder.net(torch.randint(0, 16, (2, 8))).logsumexp(-1).mean()
+            loss.backward()
+            return loss
+
+        optimizer.register_step_pre_hook(hook)
+        optimizer.step(closure)
+        assert calls == ["hook ['DTensor']", "closure"]
+        assert all(isinstance(v, DTensor) for s in optimizer.state.values() for v in s.values())
     finally:
         torch.distributed.destroy_process_group()
 
@@ -764,14 +876,14 @@ def test_optimizers_that_are_not_elementwise_keep_their_own_step() -> None:
         assert optimizer.step.__func__ is type(optimizer).step  # type: ignore[attr-defined]
     wrapped = torch.optim.SGD(params)
     step_on_shards(wrapped)
-    assert wrapped.step.__func__.__qualname__ == "step_on_shards.<locals>.step"  # type: ignore[attr-defined]
+    assert wrapped.step.__qualname__ == "step_on_shards.<locals>.step"
 
 
 def step_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     """On each of two gloo ranks: the 5-block GPT and the layer of odd shapes of clip_on_rank
     (rank 1 holds empty shards), two fused AdamW steps on the shards of this rank's own batches.
-    Rank 0 saves the gathered weights before, each step's gathered gradients, the types its
-    step saw, and the gathered weights and first moments after."""
+    Rank 0 saves the gathered weights before, each step's gathered gradients, the types AdamW's
+    own step ran on, and the gathered weights and state after."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -787,14 +899,19 @@ def step_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     holder.odd = fully_shard(
         torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1)), mesh=mesh
     )
+    stepped: list[set[type]] = []  # what AdamW's own step ran on: the shards, not the DTensors
+    adamw_step = torch.optim.AdamW.step
+
+    def recorded(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        stepped.append({type(p) for group in self.param_groups for p in group["params"]})
+        return adamw_step(self, *args, **kwargs)
+
+    torch.optim.AdamW.step = recorded  # type: ignore[method-assign]  # (this rank's process)
     optimizer = torch.optim.AdamW(holder.parameters(), lr=0.01, fused=True)
     step_on_shards(optimizer)
     params = list(holder.parameters())
     saved: dict[str, Any] = {"before": [p.full_tensor() for p in params], "grads": []}
-    saved["stepped"] = stepped = []  # what each step saw: the shards, not the DTensors
-    optimizer.register_step_pre_hook(
-        lambda opt, *_: stepped.append({type(p) for g in opt.param_groups for p in g["params"]})
-    )
+    saved["stepped"] = stepped
     torch.manual_seed(1 + rank)
     for _ in range(2):
         loss = holder.net(torch.randint(0, 256, (2, 16))).logsumexp(-1).mean()
@@ -803,7 +920,10 @@ def step_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
         optimizer.step()
         optimizer.zero_grad()
     saved["after"] = [p.full_tensor() for p in params]
-    saved["exp_avg"] = [optimizer.state[p]["exp_avg"].full_tensor() for p in params]
+    saved["state"] = [
+        {k: v.full_tensor() if v.dim() else v for k, v in optimizer.state[p].items()}
+        for p in params
+    ]
     if rank == 0:
         torch.save(saved, out_dir / "steps.pt")
     torch.distributed.barrier()  # as train_grouped_on_rank: both ranks tear gloo down together
@@ -813,7 +933,8 @@ def step_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
 @pytest.mark.slow
 def test_stepping_on_shards_steps_as_torch_steps_the_whole_weights(tmp_path: Path) -> None:
     """Two real ranks (~10 s), each stepping only its part of each weight (some none): the
-    weights and moments, gathered, are those of fused AdamW on the whole weights and gradients."""
+    weights and state (moments, step), gathered, are those of fused AdamW on the whole weights
+    and gradients."""
     import torch.multiprocessing as mp
 
     mp.spawn(step_on_rank, args=(str(tmp_path / "rendezvous"), tmp_path), nprocs=2)
@@ -827,4 +948,4 @@ def test_stepping_on_shards_steps_as_torch_steps_the_whole_weights(tmp_path: Pat
     assert saved["stepped"] == [{torch.Tensor}] * 2
     assert not torch.equal(saved["after"][0], saved["before"][0])  # it stepped
     torch.testing.assert_close(saved["after"], [p.detach() for p in whole])
-    torch.testing.assert_close(saved["exp_avg"], [optimizer.state[p]["exp_avg"] for p in whole])
+    torch.testing.assert_close(saved["state"], [optimizer.state[p] for p in whole])

@@ -77,7 +77,9 @@ def fused_options(
 def _unfusable(module: nn.Module, factory: OptimizerFactory) -> bool:
     """Where torch's fused step fails (torch 2.11-2.14): with `foreach=True` asked, with sparse
     gradients (a sparse nn.Embedding), and SGD's over FSDP2's DTensor parameters (its fused
-    kernel has no sharding rule: NotImplementedError at the first step; AdamW's has one)."""
+    kernel has no sharding rule: NotImplementedError at the first step; AdamW's has one). volt's
+    trainer=fsdp steps SGD on the local shards, where fused would run, but an optimiser with step
+    hooks goes back to the DTensors (`volt.strategies.fsdp.step_on_shards`): kept unfused."""
     if _asked(factory, "foreach"):
         return True
     if any(getattr(m, "sparse", False) for m in module.modules() if isinstance(m, SPARSE)):

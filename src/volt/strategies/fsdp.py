@@ -44,13 +44,14 @@ What is on disk decides how it is read: either resumes under either setting.
 """
 
 import functools
-import types
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.optim.optimizer as torch_optimizer
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -346,37 +347,67 @@ def step_on_shards(optimizer: Optimizer) -> None:
     AdamW step took 2,738 µs of host time on an H200's host against 466 µs on the shards, swaps
     included (torch 2.11, a world of one, 2026-11-29), on a step that FSDP leaves bound by the
     host. Outside the step nothing changes: the parameter groups and the state hold the
-    DTensors, so sharded checkpoints, LR schedulers (which wrap `step` before this does, or wrap
-    this) and anything reading the state see what they would without it. Hooks registered on
-    the optimiser's step see the shards. Remove once DTensor's dispatch of foreach and fused ops
-    costs the host about what plain tensors' does.
+    DTensors, so sharded checkpoints, LR schedulers and anything reading the state see what they
+    would without it. An optimiser with step hooks (its own or torch's global ones) steps on the
+    DTensors as torch runs it, hooks before the closure: a hook sees what it would without volt.
+    Remove once DTensor's dispatch of foreach and fused ops costs the host about what plain
+    tensors' does.
     """
-    if type(optimizer) not in ELEMENTWISE_OPTIMIZERS:
-        return
-    inner = optimizer.step
+    if type(optimizer) not in ELEMENTWISE_OPTIMIZERS or hasattr(optimizer.step, "on_shards"):
+        return  # (a test after a fit sets the same optimisers up again)
+    # The step this one runs: the class's, or an LR scheduler's wrapper of it (which holds the
+    # optimiser weakly). The class's is called on a weak reference, as the scheduler calls it: a
+    # bound method kept on the optimiser would hold the optimiser itself, freed only by Python's
+    # cyclic collector.
+    bound_or_wrapper = optimizer.step
+    inner_function = getattr(bound_or_wrapper, "__func__", None)
+    wrapper = None if inner_function else bound_or_wrapper
+    del bound_or_wrapper
+    owner = weakref.ref(optimizer)
 
-    def step(self: Optimizer, closure: Any = None, **kwargs: Any) -> Any:
+    def step(closure: Any = None, **kwargs: Any) -> Any:
+        opt = owner()
+        assert opt is not None, "the optimizer was freed"
+        opt._opt_called = True  # type: ignore[attr-defined]  # what an LR scheduler checks
+        run = functools.partial(inner_function, opt) if inner_function else wrapper
+        assert run is not None
+        if _has_step_hooks(opt):
+            return run(closure=closure, **kwargs)
         # These optimisers' own step calls the closure (Lightning's forward and backward, with
         # clipping and on_before_optimizer_step) first, with gradients enabled, then steps.
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        _step_locally(self, functools.partial(inner, **kwargs))
+        _step_locally(opt, functools.partial(run, **kwargs))
         return loss
 
-    # An LR scheduler marks the step it wrapped, and warns at its own first step where the mark
-    # is gone ("optimizer.step() has been overridden"): this step carries it on.
-    if hasattr(inner, "_wrapped_by_lr_sched"):
-        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+    step.on_shards = True  # type: ignore[attr-defined]
+    # An LR scheduler wraps a step without this mark to record in `_opt_called` that it ran (set
+    # above), and warns at its first step if the mark is gone ("optimizer.step() has been
+    # overridden"), as it would be on one it had wrapped before.
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    optimizer.step = step  # type: ignore[method-assign]
+
+
+def _has_step_hooks(optimizer: Optimizer) -> bool:
+    """Whether step hooks would run around `optimizer.step`: its own, or torch's global ones
+    (torch.optim.optimizer's registries, as in torch 2.11 and 2.14)."""
+    registries = (
+        getattr(optimizer, "_optimizer_step_pre_hooks", None),
+        getattr(optimizer, "_optimizer_step_post_hooks", None),
+        getattr(torch_optimizer, "_global_optimizer_pre_hooks", None),
+        getattr(torch_optimizer, "_global_optimizer_post_hooks", None),
+    )
+    return any(registries)
 
 
 @torch.no_grad()
 def _step_locally(optimizer: Optimizer, step: Callable[[], Any]) -> None:
     """Run `step` with each DTensor parameter of `optimizer` (and its gradient and state) replaced
     by its local tensor, then put the DTensors back. The local tensors are the DTensors' own
-    storage (to_local without autograd), so the step updates them in place; state the step makes
+    storage (to_local without autograd: the local tensor itself in torch 2.11, a view of it in
+    2.14), so the step updates them in place, and no gradient is left on them; state the step makes
     (on its first call) is wrapped as DTensors laid out as their parameter. A Partial placement
     (an unreduced gradient), a 0-d parameter, or a differentiable group takes the step as is."""
     groups = optimizer.param_groups
