@@ -534,17 +534,12 @@ def test_grouping_shards_every_layout_it_trains(
         torch.distributed.destroy_process_group()
 
 
-def clip_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
-    """On each of two gloo ranks: the 5-block GPT, every block its own group, and a layer of odd
-    shapes (rank 1 holds empty shards of its (1, 3) weight and (1,) bias); one backward of this
-    rank's own batch, the gradients clipped on the shards. Then a gradient replicated on both
-    ranks, which must go to torch's function. Rank 0 saves the gathered gradients before and
-    after, and the norms every rank returned."""
+def odd_shards_on_rank(rank: int, init_file: str) -> tuple[torch.nn.Module, Any]:
+    """On each of two gloo ranks (joined here): the 5-block GPT, every block its own group, and
+    a layer of odd shapes (rank 1 holds empty shards of its (1, 3) weight and (1,) bias), the
+    same weights on both; and the mesh."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
-
-    from volt.strategies.fsdp import clip_sharded_grad_norm_
 
     torch.set_num_threads(1)
     torch.distributed.init_process_group(
@@ -556,6 +551,19 @@ def clip_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     holder.odd = fully_shard(
         torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1)), mesh=mesh
     )
+    return holder, mesh
+
+
+def clip_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
+    """On each of two gloo ranks, `odd_shards_on_rank`'s net: one backward of this rank's own
+    batch, the gradients clipped on the shards. Then a gradient replicated on both
+    ranks, which must go to torch's function. Rank 0 saves the gathered gradients before and
+    after, and the norms every rank returned."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    from volt.strategies.fsdp import clip_sharded_grad_norm_
+
+    holder, mesh = odd_shards_on_rank(rank, init_file)
     torch.manual_seed(1 + rank)
     loss = holder.net(torch.randint(0, 256, (2, 16))).logsumexp(-1).mean()
     (loss + holder.odd(torch.randn(4, 5)).square().mean()).backward()
@@ -880,25 +888,13 @@ def test_optimizers_that_are_not_elementwise_keep_their_own_step() -> None:
 
 
 def step_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
-    """On each of two gloo ranks: the 5-block GPT and the layer of odd shapes of clip_on_rank
-    (rank 1 holds empty shards), two fused AdamW steps on the shards of this rank's own batches.
+    """On each of two gloo ranks, `odd_shards_on_rank`'s net (rank 1 holds empty shards): two
+    fused AdamW steps on the shards of this rank's own batches.
     Rank 0 saves the gathered weights before, each step's gathered gradients, the types AdamW's
     own step ran on, and the gathered weights and state after."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
     from volt.strategies.fsdp import step_on_shards
 
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=2
-    )
-    mesh = init_device_mesh("cpu", (2,))
-    torch.manual_seed(0)
-    holder = sharded_gpt(0, mesh)
-    holder.odd = fully_shard(
-        torch.nn.Sequential(torch.nn.Linear(5, 3), torch.nn.Linear(3, 1)), mesh=mesh
-    )
+    holder, _ = odd_shards_on_rank(rank, init_file)
     stepped: list[set[type]] = []  # what AdamW's own step ran on: the shards, not the DTensors
     adamw_step = torch.optim.AdamW.step
 
