@@ -836,6 +836,40 @@ def test_a_step_on_shards_runs_the_closure_skips_gradless_weights_and_restores_o
         torch.distributed.destroy_process_group()
 
 
+def test_layouts_the_shards_cannot_step_take_the_dtensor_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gradient laid out unlike its parameter (replicated against sharded), and a
+    differentiable optimizer, step on the DTensors as torch runs them: the same update, the same
+    error."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    from volt.strategies.fsdp import step_on_shards
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        seen = spy_on_steps(monkeypatch, torch.optim.SGD)
+        params = []
+        for grad_placement in (Replicate(), Shard(0)):
+            p = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]))
+            p.grad = distribute_tensor(torch.full((4, 2), 2.0), mesh, [grad_placement])
+            params.append(p)
+        replicated_grad = torch.optim.SGD([params[0]], lr=0.1)
+        step_on_shards(replicated_grad)
+        replicated_grad.step()
+        torch.testing.assert_close(params[0].full_tensor(), torch.full((4, 2), 0.8))
+        differentiable = torch.optim.SGD([params[1]], lr=0.1, differentiable=True)
+        step_on_shards(differentiable)
+        with pytest.raises(RuntimeError, match="leaf Variable"):  # torch's own, on DTensors too
+            differentiable.step()
+        assert seen == {id(replicated_grad): [{DTensor}], id(differentiable): [{DTensor}]}
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_an_optimizer_with_step_hooks_steps_on_the_dtensors_as_torch_runs_it() -> None:
     """A step pre-hook runs before the closure and sees the DTensors, as without volt."""
     from torch.distributed.device_mesh import init_device_mesh
