@@ -388,6 +388,18 @@ def test_a_negative_min_group_params_is_refused_in_one_line(tmp_path: Path) -> N
     assert "\n" not in str(caught.value)
 
 
+def save_on_rank_zero_and_leave(rank: int, saved: Any, path: Path) -> None:
+    """Rank 0 saves `saved` to `path`; then both ranks tear gloo down together. A rank that
+    destroyed its group while the other was still saving died at times in gloo's teardown
+    ("terminate called without an active exception", SIGABRT): 2 runs of a test in 12 and once
+    in a `make test-slow` on the 2-core CPU (torch 2.14, 2026-11-29); with the barrier 16 runs in
+    16 passed."""
+    if rank == 0:
+        torch.save(saved, path)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
 def train_grouped_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     """On each of two gloo ranks: three SGD steps of a 5-block GPT, sharded with each grouping
     (none, pairs, one group) with and without activation checkpointing; rank 0 saves the losses."""
@@ -413,14 +425,7 @@ def train_grouped_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
                 optimizer.zero_grad()
                 run.append(loss.detach())
             losses[blocks_a_group, checkpointing] = torch.stack(run)
-    if rank == 0:
-        torch.save(losses, out_dir / "losses.pt")
-    # Both ranks tear gloo down together: a rank that destroyed its group while the other was
-    # still saving died at times in gloo's teardown ("terminate called without an active
-    # exception", SIGABRT): 2 runs of this test in 12 and once in a `make test-slow` on the 2-core
-    # CPU (torch 2.14, 2026-11-29); with the barrier 16 runs in 16 passed.
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    save_on_rank_zero_and_leave(rank, losses, out_dir / "losses.pt")
 
 
 @pytest.mark.slow
@@ -578,10 +583,7 @@ def clip_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
     saved = {"before": before, "after": after, "norms": [torch.zeros(()), torch.zeros(())]}
     torch.distributed.all_gather(saved["norms"], norm)
     saved["replicated"] = replicated_norm.full_tensor()
-    if rank == 0:
-        torch.save(saved, out_dir / "clip.pt")
-    torch.distributed.barrier()  # as train_grouped_on_rank: both ranks tear gloo down together
-    torch.distributed.destroy_process_group()
+    save_on_rank_zero_and_leave(rank, saved, out_dir / "clip.pt")
 
 
 @pytest.mark.slow
@@ -954,10 +956,7 @@ def step_on_rank(rank: int, init_file: str, out_dir: Path) -> None:
         {k: v.full_tensor() if v.dim() else v for k, v in optimizer.state[p].items()}
         for p in params
     ]
-    if rank == 0:
-        torch.save(saved, out_dir / "steps.pt")
-    torch.distributed.barrier()  # as train_grouped_on_rank: both ranks tear gloo down together
-    torch.distributed.destroy_process_group()
+    save_on_rank_zero_and_leave(rank, saved, out_dir / "steps.pt")
 
 
 @pytest.mark.slow

@@ -408,8 +408,9 @@ def _step_locally(optimizer: Optimizer, step: Callable[[], Any]) -> None:
     by its local tensor, then put the DTensors back. The local tensors are the DTensors' own
     storage (to_local without autograd: the local tensor itself in torch 2.11, a view of it in
     2.14), so the step updates them in place, and no gradient is left on them; state the step makes
-    (on its first call) is wrapped as DTensors laid out as their parameter. A Partial placement
-    (an unreduced gradient), a 0-d parameter, or a differentiable group takes the step as is."""
+    (on its first call) is wrapped as DTensors laid out as their parameter. A Partial placement,
+    a gradient laid out unlike its parameter, a 0-d parameter, or a differentiable group takes
+    the step as is."""
     groups = optimizer.param_groups
     sharded = [p for group in groups for p in group["params"] if isinstance(p, DTensor)]
     as_is = not sharded or any(group.get("differentiable") for group in groups)
