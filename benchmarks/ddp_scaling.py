@@ -35,6 +35,7 @@ import harness  # benchmarks/, the folder of this script, is first on sys.path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gpt_plain import TRACED_STEPS, traced_steps, write_trace
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -120,6 +121,16 @@ def plain_rank(
             samples += len(labels) * world
         harness.synchronize(device)
         rates.append(samples / (time.perf_counter() - start))
+    if args.trace:  # after the timed epochs: every rank, as each waits on the other's collectives
+        profiler = traced_steps(device, skipped=20)
+        steps = 21 + TRACED_STEPS
+        batches = (batch for _ in range(steps) for batch in loader)  # over epochs if need be
+        for _, (images, labels) in zip(range(steps), batches, strict=False):
+            step(images, labels)
+            profiler.step()
+        profiler.stop()
+        side = "synthetic" if synthetic else "plain"
+        write_trace(profiler, Path(args.trace, f"{side}-{compile_mode}-{world}gpu-rank{rank}"))
     if rank == 0:
         results.write_text(json.dumps(rates))
     dist.destroy_process_group()
@@ -216,6 +227,11 @@ def main() -> None:
         " inductor lays compiled convolutions out so, and DDP's buckets follow the weights",
     )  # fmt: skip
     parser.add_argument("--outputs", default="/tmp/outputs")
+    parser.add_argument(
+        "--trace", help="the plain and synthetic loops: torch.profiler over steps 21 to 25 after"
+        " the timed epochs, each rank's op table and Chrome trace in this folder"
+        " (read them with benchmarks/trace_steps.py)",
+    )  # fmt: skip
     parser.add_argument("--json", help="also write the results here, after each run")
     parser.add_argument("--readme", action="store_true", help="rewrite README.md's table")
     parser.add_argument(
