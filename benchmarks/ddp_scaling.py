@@ -215,6 +215,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--gpus", type=int, default=torch.cuda.device_count(), help="N")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--n-only", action="store_true", help="N GPUs only, not also one")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument(
         "--sync-bn", choices=["torch", "volt", "none"], default="none",
@@ -245,7 +246,7 @@ def main() -> None:
     rows: list[dict] = []
     for run in args.runs:
         side, compile_mode = run.split(":")
-        for gpus in dict.fromkeys((1, args.gpus)):
+        for gpus in dict.fromkeys((args.gpus,) if args.n_only else (1, args.gpus)):
             if gpus == 1 and (side in ON_N_ONLY or run in ON_N_ONLY):
                 continue
             try:

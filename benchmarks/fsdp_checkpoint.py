@@ -172,13 +172,16 @@ def main() -> None:
     parser.add_argument("--experiment", default="gpt_bytes_tiny")
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--layouts", nargs="+", choices=["sharded", "full"], default=["sharded", "full"]
+    )
     parser.add_argument("overrides", nargs="*", help="after --: train.py overrides")
     args = parser.parse_args()
     print(
         "layout   rank  save s (median)  of which collect s  host GiB (max)  floor s  floor GiB"
         "  async block/total s"
     )
-    for layout in ("sharded", "full"):
+    for layout in args.layouts:
         for rank, record in enumerate(run(layout, args)):
             seconds = statistics.median(s["seconds"] for s in record["saves"])
             host = max(s["host_gib"] for s in record["saves"])

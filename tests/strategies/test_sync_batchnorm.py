@@ -91,8 +91,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ranks(rank: int, port: int, backend: str, out_dir: Path) -> None:
-    """One rank: every case, its slice of each step's batch, results saved for the test."""
+def run_ranks(
+    rank: int, port: int, backend: str, out_dir: Path, compiled: dict[str, Any] | None = None
+) -> None:
+    """One rank: every case, its slice of each step's batch, results saved for the test; with
+    `compiled`, the layer runs under torch.compile(**compiled), in one graph where it can be."""
     # A collective waits this long for a lost peer, then fails, so no rank outlives the test
     # for long (NCCL's default is 10 minutes, gloo's 30).
     dist.init_process_group(
@@ -117,6 +120,11 @@ def run_ranks(rank: int, port: int, backend: str, out_dir: Path) -> None:
             layer = copy.deepcopy(layer)
             assert layer.process_group is None
         layer = layer.to(device, case.layer_dtype).train()
+        run = layer
+        if compiled:
+            torch._dynamo.reset()  # each case's layer compiled afresh, not against the limit
+            # momentum=None reads the step count on the host (.item()): a graph break
+            run = torch.compile(layer, fullgraph=case.momentum is not None, **compiled)
         start = sum(case.slices[:rank])
         rows = slice(start, start + case.slices[rank])
         steps = []
@@ -126,7 +134,7 @@ def run_ranks(rank: int, port: int, backend: str, out_dir: Path) -> None:
             if case.channels_last:
                 x = x.detach().to(memory_format=torch.channels_last).requires_grad_()
             layer.zero_grad()
-            out = layer(x)
+            out = run(x)
             assert out.dtype == case.input_dtype
             weights = case.output_weights(step)[rows].to(device)
             (out * weights.to(torch.promote_types(out.dtype, torch.float32))).sum().backward()
@@ -143,6 +151,7 @@ def run_ranks(rank: int, port: int, backend: str, out_dir: Path) -> None:
         buffers = {name: value.cpu() for name, value in layer.named_buffers()}
         results.append({"steps": steps, "buffers": buffers})
     torch.save(results, out_dir / f"rank{rank}.pt")
+    layers.revert(layer)  # as Lightning at the fit's end: CUDA graphs freed before the groups go
     dist.destroy_process_group()
 
 
@@ -195,10 +204,27 @@ def test_two_cpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
     check_against_reference(tmp_path)
 
 
+def test_two_cpu_ranks_compiled_trace_the_layer_whole(tmp_path: Path) -> None:
+    # dynamo and AOT autograd's graphs (inductor's CPU code adds nothing here): forward and
+    # backward with their collectives in one graph, the same results as the reference.
+    compiled = {"backend": "aot_eager"}
+    mp.spawn(run_ranks, args=(free_port(), "gloo", tmp_path, compiled), nprocs=WORLD_SIZE)
+    check_against_reference(tmp_path)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
     mp.spawn(run_ranks, args=(free_port(), "nccl", tmp_path), nprocs=WORLD_SIZE)
+    check_against_reference(tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpu_ranks_in_cuda_graphs_normalise_over_the_global_batch(tmp_path: Path) -> None:
+    # compile=reduce-overhead: inductor's kernels and the NCCL collectives captured in CUDA graphs
+    compiled = {"mode": "reduce-overhead"}
+    mp.spawn(run_ranks, args=(free_port(), "nccl", tmp_path, compiled), nprocs=WORLD_SIZE)
     check_against_reference(tmp_path)
 
 
@@ -238,6 +264,30 @@ def test_conversion_shares_tensors_and_reverts_to_the_same_classes_and_state_dic
     assert after.keys() == before.keys()
     for name, value in before.items():
         torch.testing.assert_close(after[name], value)
+
+
+def test_revert_frees_cuda_graphs_once_its_group_was_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A live CUDA graph holding the layers' collectives makes destroying their group hang
+    # (pytorch/pytorch#115388): the fit's end frees compile=reduce-overhead's graphs first.
+    from torch._inductor import cudagraph_trees
+
+    freed: list[bool] = []
+    monkeypatch.setattr(cudagraph_trees, "reset_cudagraph_trees", lambda: freed.append(True))
+    layers = SyncBatchNormLayers()
+    layers.revert(layers.apply(small_resnet()))  # no process group: none made, nothing captured
+    assert freed == []
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+    )
+    try:
+        layers.revert(layers.apply(small_resnet()))
+        assert freed == [True]
+        layers.revert(small_resnet())  # the group is gone already
+        assert freed == [True]
+    finally:
+        dist.destroy_process_group()
 
 
 class KeepModel(LayerSync):

@@ -15,6 +15,11 @@ parameter). On CUDA it uses the fused kernels torch's own SyncBatchNorm uses; on
 over gloo) the same arithmetic in plain tensor operations, so it also runs, and is tested,
 without a GPU.
 
+Its collectives are torch's functional ones, so `torch.compile` traces the layer whole (forward
+and backward, no graph break) and `compile=reduce-overhead` captures them in its CUDA graphs.
+`dist.all_gather_into_tensor` into a (ranks, K) buffer, as eager code writes it, made dynamo fail
+on torch 2.11 (pytorch/pytorch#155632, fixed by PR #177205).
+
 Why a replacement: torch's host wait comes from the empty-rank filter added for
 pytorch/pytorch#36530 (PR #74944, `count_all[mask]` in `torch/nn/modules/_functions.py`), seen on
 torch 2.4 to 2.14; the general host-blocking of that layer is pytorch/pytorch#36452, and the
@@ -25,10 +30,12 @@ with `nn.SyncBatchNorm` raises nothing).
 """
 
 import datetime
+import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from lightning.pytorch.plugins import LayerSync
 from torch import Tensor, nn
 from torch.autograd.function import FunctionCtx
@@ -202,8 +209,20 @@ class SyncBatchNormLayers(LayerSync):
     @override
     def revert(self, model: nn.Module) -> nn.Module:
         # Lightning calls this when the fit ends, also on an error.
+        if self._group is not None:
+            _free_cuda_graphs()
         self._group = None
         return revert_batchnorm(model)
+
+
+def _free_cuda_graphs() -> None:
+    """Frees the CUDA graphs of `compile=reduce-overhead`, in which the layers' collectives were
+    captured. Destroying a process group whose NCCL collectives a live CUDA graph holds hangs in
+    ncclCommDestroy (pytorch/pytorch#115388, open; seen on torch 2.11 with 2 x H200), and volt
+    destroys its process groups when a run ends. Drop this once that issue is fixed."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # imported only by such a run
+    if trees is not None:
+        trees.reset_cudagraph_trees()
 
 
 class _GlobalBatchNorm(torch.autograd.Function):
@@ -269,8 +288,8 @@ class _GlobalBatchNorm(torch.autograd.Function):
         if needs_input:
             # The input gradient needs the sums over the global batch. Weight and bias gradients
             # stay local: DDP averages them with the other parameters'.
-            sums = torch.cat([sum_dy, sum_dy_xmu])
-            dist.all_reduce(sums, group=ctx.group)  # type: ignore[attr-defined]
+            group = ctx.group  # type: ignore[attr-defined]
+            sums = _waited(funcol.all_reduce(torch.cat([sum_dy, sum_dy_xmu]), "sum", group))
             sum_dy, sum_dy_xmu = sums.split(channels)
             if input.numel() > 0:
                 grad_input = kernels.backward_input(
@@ -292,13 +311,19 @@ def _dense(tensor: Tensor) -> Tensor:
     return tensor.contiguous()
 
 
+# torch 2.14 renamed all_gather_tensor (which now warns) to all_gather_single; 2.11 has only the old
+# name. Use all_gather_single alone once volt requires a torch that has it.
+_gather_along_first = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
 def _all_gather(local: Tensor, group: dist.ProcessGroup) -> Tensor:
     """(K,) on each rank -> (W, K), rows in rank order."""
-    world_size = dist.get_world_size(group)
-    if not local.is_cuda:  # gloo, the CPU's backend, has no all_gather_into_tensor
-        rows = [torch.empty_like(local) for _ in range(world_size)]
-        dist.all_gather(rows, local, group=group)
-        return torch.stack(rows)
-    gathered = local.new_empty(world_size, local.numel())
-    dist.all_gather_into_tensor(gathered, local, group=group)
-    return gathered
+    gathered = _waited(_gather_along_first(local, 0, group))  # (W * K,)
+    return gathered.view(dist.get_world_size(group), local.numel())
+
+
+def _waited(tensor: Tensor) -> Tensor:
+    """A functional collective's result as a plain tensor: the GPU's stream waits for it, the host
+    does not. (Eager mode hands it back as an AsyncCollectiveTensor, whose every later op, views
+    too, would go through Python; under torch.compile it is plain already.)"""
+    return tensor.wait() if isinstance(tensor, funcol.AsyncCollectiveTensor) else tensor
