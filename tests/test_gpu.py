@@ -111,16 +111,31 @@ def test_compiled_checkpoint_round_trip_on_gpu(compose_config: Compose, fast: li
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("sync_batchnorm", ["true", "false"])
-def test_reduce_overhead_trains_under_ddp(tmp_path: Path, sync_batchnorm: str) -> None:
-    """CUDA graphs under trainer=ddp (one GPU: the DDP wrapper, its reducer and volt's
-    SyncBatchNorm all in the step): the run trains, tests and keeps its accuracy."""
+@pytest.mark.parametrize(
+    ("devices", "sync_batchnorm"),
+    [
+        (1, "true"),
+        (1, "false"),
+        pytest.param(
+            2,
+            "true",
+            marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs"),
+        ),
+    ],
+)
+def test_reduce_overhead_trains_under_ddp(
+    tmp_path: Path, devices: int, sync_batchnorm: str
+) -> None:
+    """CUDA graphs under trainer=ddp (the DDP wrapper, its reducer and volt's SyncBatchNorm all in
+    the step; on two GPUs the layers' collectives captured too, and the run's process groups
+    destroyed at its end, pytorch/pytorch#115388): the run trains, tests, keeps its accuracy and
+    exits."""
     done = subprocess.run(
         [
             sys.executable,
             "train.py",
             "trainer=ddp",
-            "trainer.devices=1",
+            f"trainer.devices={devices}",
             f"trainer.sync_batchnorm={sync_batchnorm}",
             "model=cnn",
             "compile=reduce-overhead",
