@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks behind the README's GPU sections, as run on the lent GPU machines (multi, scaling,
-# ddp-compiled, gpt, gpt-rounds, gpt-1b, gpt-1b-resume, gpt-trace and sweeps need two GPUs;
+# ddp-compiled, syncbn, gpt, gpt-rounds, gpt-1b, gpt-1b-resume, gpt-trace and sweeps need two GPUs;
 # gpt-trace runs on one with TRAINERS=gpu):
-#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|gpt|gpt-rounds|gpt-1b|gpt-1b-resume|gpt-trace|gpt-host|sweeps|trace|hooks|epochs|pairs
+#   bash benchmarks/gpu_checks.sh tests|syncs|bench|multi|mission|throughput|scaling|ddp-compiled|syncbn|gpt|gpt-rounds|gpt-1b|gpt-1b-resume|gpt-trace|gpt-host|sweeps|trace|hooks|epochs|pairs
 # (logs go to $OUT, or ./gpu-logs)
 set -uo pipefail
 out=${OUT:-gpu-logs}; mkdir -p "$out"
@@ -71,6 +71,19 @@ case ${1:-tests} in
       echo "$variant: exit $?, stride warnings $(grep -c 'strides do not match' \
         "$out/ddp_compiled_$variant.log"), $(grep -h '^{' "$out/ddp_compiled_$variant.log" \
         | tr '\n' ' ')"
+    done
+    ;;
+  syncbn)  # two GPUs (issue #40): SyncBatchNorm in eager mode against CUDA graphs, the cifar10
+            # ResNet at 256 per GPU: the synthetic loop with per-GPU BatchNorm and with volt's,
+            # volt's trainer=ddp (its SyncBatchNorm, the default), each eager and reduce-overhead
+    python benchmarks/fake_cifar10.py /tmp/data > /dev/null
+    scaling="python benchmarks/ddp_scaling.py --root /tmp/data --batch-per-gpu 256 --n-only"
+    for sides in "none synthetic" "volt synthetic" "volt volt_syncbn"; do
+      set -- $sides
+      log="$out/syncbn_${2}_bn_$1"
+      timeout -k 10 "${RUN_TIMEOUT:-240}" $scaling --sync-bn "$1" --runs "$2:off" \
+        "$2:reduce-overhead" --json "$log.json" > "$log.log" 2>&1
+      echo "$2, BatchNorm sync $1: exit $?, $(grep -h '^{' "$log.log" | tr '\n' ' ')"
     done
     ;;
   gpt)  # two GPUs (issue #24): the GPT task under ddp and fsdp beside a plain DDP loop, then the
