@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -109,35 +110,43 @@ def test_compiled_checkpoint_round_trip_on_gpu(compose_config: Compose, fast: li
     )
 
 
+def on_two_gpus(*values: object) -> Any:
+    return pytest.param(
+        *values, marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+    )
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize(
-    ("devices", "sync_batchnorm"),
+    ("devices", "sync_batchnorm", "extra"),
     [
-        (1, "true"),
-        (1, "false"),
-        pytest.param(
-            2,
-            "true",
-            marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs"),
+        (1, "true", ["model=cnn"]),
+        (1, "false", ["model=cnn"]),
+        on_two_gpus(2, "true", ["model=cnn"]),
+        # no BatchNorm layer: nothing synchronised, the fit's compiled code kept for the test
+        on_two_gpus(
+            2, "true", ["model=mlp", "model.net.hidden_sizes=[]", "model.optimizer.lr=0.02"]
         ),
+        # two jobs in one process: the second compiles its own, not the first's dropped graphs
+        on_two_gpus(2, "true", ["-m", "model=cnn", "model.optimizer.lr=0.002,0.003"]),
     ],
 )
 def test_reduce_overhead_trains_under_ddp(
-    tmp_path: Path, devices: int, sync_batchnorm: str
+    tmp_path: Path, devices: int, sync_batchnorm: str, extra: list[str]
 ) -> None:
     """CUDA graphs under trainer=ddp (the DDP wrapper, its reducer and volt's SyncBatchNorm all in
     the step; on two GPUs the layers' collectives captured too, and the run's process groups
-    destroyed at its end, pytorch/pytorch#115388): the run trains, tests, keeps its accuracy and
+    destroyed at its end, pytorch/pytorch#115388): each run trains, tests, keeps its accuracy and
     exits."""
     done = subprocess.run(
         [
             sys.executable,
             "train.py",
+            *extra,  # -m first: Hydra takes its flags before the overrides
             "trainer=ddp",
             f"trainer.devices={devices}",
             f"trainer.sync_batchnorm={sync_batchnorm}",
-            "model=cnn",
             "compile=reduce-overhead",
             "precision=bf16-mixed",
             "trainer.max_epochs=3",
@@ -148,8 +157,11 @@ def test_reduce_overhead_trains_under_ddp(
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=360,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    metrics = json.loads(next(tmp_path.glob("train/runs/*/metrics.json")).read_text())
-    assert metrics["metrics"]["test/acc"] > 0.8, metrics
+    runs = sorted(tmp_path.glob("train/**/metrics.json"))
+    assert len(runs) == (2 if "-m" in extra else 1), runs
+    for run in runs:
+        metrics = json.loads(run.read_text())
+        assert metrics["metrics"]["test/acc"] > 0.8, metrics

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning.pytorch.plugins import LayerSync
 from torch import nn
+from torch._dynamo.testing import CompileCounter
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from volt.build import build_training
@@ -206,7 +207,8 @@ def test_two_cpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
 
 def test_two_cpu_ranks_compiled_trace_the_layer_whole(tmp_path: Path) -> None:
     # dynamo and AOT autograd's graphs (inductor's CPU code adds nothing here): forward and
-    # backward with their collectives in one graph, the same results as the reference.
+    # backward with their collectives (the functional ones NCCL takes too) in one graph, the
+    # same results as the reference.
     compiled = {"backend": "aot_eager"}
     mp.spawn(run_ranks, args=(free_port(), "gloo", tmp_path, compiled), nprocs=WORLD_SIZE)
     check_against_reference(tmp_path)
@@ -222,7 +224,9 @@ def test_two_gpu_ranks_normalise_over_the_global_batch(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpu_ranks_in_cuda_graphs_normalise_over_the_global_batch(tmp_path: Path) -> None:
-    # compile=reduce-overhead: inductor's kernels and the NCCL collectives captured in CUDA graphs
+    # compile=reduce-overhead: inductor's kernels and the NCCL collectives captured in CUDA
+    # graphs. Each case compiles afresh (dynamo's reset frees the graphs before), so the last
+    # case's, over the default group, are alive when the ranks revert and destroy their groups.
     compiled = {"mode": "reduce-overhead"}
     mp.spawn(run_ranks, args=(free_port(), "nccl", tmp_path, compiled), nprocs=WORLD_SIZE)
     check_against_reference(tmp_path)
@@ -266,28 +270,38 @@ def test_conversion_shares_tensors_and_reverts_to_the_same_classes_and_state_dic
         torch.testing.assert_close(after[name], value)
 
 
-def test_revert_frees_cuda_graphs_once_its_group_was_made(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A live CUDA graph holding the layers' collectives makes destroying their group hang
-    # (pytorch/pytorch#115388): the fit's end frees compile=reduce-overhead's graphs first.
-    from torch._inductor import cudagraph_trees
-
-    freed: list[bool] = []
-    monkeypatch.setattr(cudagraph_trees, "reset_cudagraph_trees", lambda: freed.append(True))
-    layers = SyncBatchNormLayers()
-    layers.revert(layers.apply(small_resnet()))  # no process group: none made, nothing captured
-    assert freed == []
+def recompiles_after_revert(rank: int, world: int, port: int, out_dir: Path) -> None:
+    """One rank: for a net with BatchNorm and one without, whether a function compiled before
+    the fit's end (`revert`) is compiled again after it, i.e. torch.compile's code was dropped."""
     dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
-    try:
-        layers.revert(layers.apply(small_resnet()))
-        assert freed == [True]
-        layers.revert(small_resnet())  # the group is gone already
-        assert freed == [True]
-    finally:
-        dist.destroy_process_group()
+    import torch._inductor.cudagraph_trees  # as a compile=reduce-overhead run has
+
+    counter = CompileCounter()
+    square = torch.compile(lambda x: x * x, backend=counter)
+    recompiles = {}
+    for name, net in [("batchnorm", small_resnet()), ("no batchnorm", nn.Linear(4, 4))]:
+        square(torch.ones(3))
+        before = counter.frame_count
+        layers = SyncBatchNormLayers()
+        layers.revert(layers.apply(net))
+        square(torch.ones(3))
+        recompiles[name] = counter.frame_count - before
+    torch.save(recompiles, out_dir / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_fit_end_drops_compiled_code_once_layers_talked_to_other_ranks(
+    tmp_path: Path, world: int
+) -> None:
+    # Their collectives may sit in CUDA graphs, and destroying the group then hangs
+    # (pytorch/pytorch#115388): the graphs go, and the compiled code bound to them with them.
+    # With no layer that talked to another rank, compiled code (a test's graphs) is kept.
+    mp.spawn(recompiles_after_revert, args=(world, free_port(), tmp_path), nprocs=world)
+    expected = {"batchnorm": int(world > 1), "no batchnorm": 0}
+    assert [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)] == [expected] * world
 
 
 class KeepModel(LayerSync):

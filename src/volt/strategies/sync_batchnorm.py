@@ -194,6 +194,7 @@ class SyncBatchNormLayers(LayerSync):
     def __init__(self, timeout: datetime.timedelta | None = None) -> None:
         self.timeout = timeout
         self._group: dist.ProcessGroup | None = None
+        self._synced = False  # layers made that talk to other ranks
 
     @override
     def apply(self, model: nn.Module) -> nn.Module:
@@ -204,25 +205,35 @@ class SyncBatchNormLayers(LayerSync):
             group = dist.new_group(timeout=self.timeout)
             assert isinstance(group, dist.ProcessGroup)  # every rank is a member
             self._group = group
-        return convert_batchnorm(model, self._group)
+        converted = convert_batchnorm(model, self._group)
+        self._synced = dist.get_world_size(self._group) > 1 and any(
+            isinstance(module, SyncBatchNorm) for module in converted.modules()
+        )
+        return converted
 
     @override
     def revert(self, model: nn.Module) -> nn.Module:
         # Lightning calls this when the fit ends, also on an error.
-        if self._group is not None:
-            _free_cuda_graphs()
+        if self._synced:
+            _forget_compiled_code()
+        self._synced = False
         self._group = None
         return revert_batchnorm(model)
 
 
-def _free_cuda_graphs() -> None:
-    """Frees the CUDA graphs of `compile=reduce-overhead`, in which the layers' collectives were
-    captured. Destroying a process group whose NCCL collectives a live CUDA graph holds hangs in
-    ncclCommDestroy (pytorch/pytorch#115388, open; seen on torch 2.11 with 2 x H200), and volt
-    destroys its process groups when a run ends. Drop this once that issue is fixed."""
-    trees = sys.modules.get("torch._inductor.cudagraph_trees")  # imported only by such a run
-    if trees is not None:
-        trees.reset_cudagraph_trees()
+def _forget_compiled_code() -> None:
+    """After a fit whose layers talked to other ranks: torch.compile's code and CUDA graphs go.
+
+    Under `compile=reduce-overhead` the layers' collectives are captured in CUDA graphs, and
+    destroying a process group whose collectives a live CUDA graph holds hangs in ncclCommDestroy
+    (pytorch/pytorch#115388, open; seen on torch 2.11 with 2 x H200); volt destroys its groups when
+    a run ends. Freeing the graphs alone would leave compiled code bound to them, which fails when
+    called again ("Running CUDAGraph after shutdown": a test after the fit, the next job of a sweep
+    in this process), so the compiled code is dropped with them and compiled again when next run
+    (the reverted layers would be anyway). Drop this once that issue is fixed.
+    """
+    if "torch._inductor.cudagraph_trees" in sys.modules:  # only a run with CUDA graphs has them
+        torch.compiler.reset()
 
 
 class _GlobalBatchNorm(torch.autograd.Function):
