@@ -322,8 +322,8 @@ def _dense(tensor: Tensor) -> Tensor:
     return tensor.contiguous()
 
 
-# torch 2.14 renamed all_gather_tensor (which now warns) to all_gather_single; 2.11 has only the old
-# name. Use all_gather_single alone once volt requires a torch that has it.
+# torch 2.14 deprecates all_gather_tensor (it warns) for all_gather_single, a name older torch
+# lacks. Use all_gather_single alone once volt requires a torch that has it.
 _gather_along_first = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
