@@ -16,9 +16,11 @@ stricter than what a GPU would need (a value that a GPU run keeps on the host co
 
 What counts as a collective: a call of `torch.distributed`'s Python functions (`all_reduce`,
 `all_gather`, `broadcast`, `barrier`, `reduce_scatter`, the `*_object` ones, point-to-point,
-and `_broadcast_coalesced`, by which DDP broadcasts buffers). One that calls another (as
-`all_gather_object` calls `all_gather`) counts once. DDP's gradient all-reduce is not counted:
-its Reducer calls the process group from C++ during backward, never through these functions.
+and `_broadcast_coalesced`, by which DDP broadcasts buffers), and torch's functional collectives
+(`torch.ops._c10d_functional`'s all-reduce, all-gather and the like, as volt's SyncBatchNorm
+starts them), seen at dispatch. One that calls another (as `all_gather_object` calls
+`all_gather`) counts once. DDP's gradient all-reduce is not counted: its Reducer calls the
+process group from C++ during backward, never through these functions.
 
 Who asked: the innermost frame on the stack that is volt's own code (`volt/<file>:<line>`), or
 code that is neither a library nor Lightning (`other:<file>:<line>`: a test's callback, a
@@ -105,6 +107,17 @@ COLLECTIVES = (
     "batch_isend_irecv",
     "_broadcast_coalesced",
 )
+# torch.ops._c10d_functional's collectives (its others wait for or wrap their results)
+_FUNCTIONAL_COLLECTIVES = {
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "broadcast",
+}
 _CUDA_WAITS: list[tuple[Any, str]] = [
     (torch.cuda, "synchronize"),
     (torch.cuda.Event, "synchronize"),
@@ -156,6 +169,9 @@ class _SyncingOps(TorchDispatchMode):
         kwargs = kwargs or {}
         if self._waits(func, args, kwargs):
             self.tally.add("syncs", str(func.overloadpacket.__name__))
+        name = str(func.overloadpacket.__name__)
+        if func.namespace == "_c10d_functional" and name in _FUNCTIONAL_COLLECTIVES:
+            self.tally.add("collectives", name)
         return func(*args, **kwargs)
 
     def _waits(self, func: Any, args: tuple[Any, ...], kwargs: dict) -> bool:

@@ -76,7 +76,7 @@ def test_volt_adds_no_sync_or_collective_to_a_ddp_training_step(
         assert volt_files(record) <= {*AT_CHECKS, "volt/strategies/sync_batchnorm.py", bar}
         batchnorm = per_step(record, "collectives", "volt/strategies/sync_batchnorm.py")
         assert all(
-            bn == {"all_gather": BATCHNORM_LAYERS, "all_reduce": BATCHNORM_LAYERS}
+            bn == {"all_gather_into_tensor": BATCHNORM_LAYERS, "all_reduce": BATCHNORM_LAYERS}
             for bn in batchnorm
         )
         assert not any(per_step(record, "syncs", "volt/strategies/sync_batchnorm.py"))
