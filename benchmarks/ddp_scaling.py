@@ -89,10 +89,10 @@ def plain_rank(
     net: nn.Module = model.net.to(device)
     if args.channels_last:  # as volt's channels_last=true lays out the weights
         net = net.to(memory_format=torch.channels_last)
-    layers = SyncBatchNormLayers()
+    layers, volt_layers = SyncBatchNormLayers(), args.sync_bn == "volt" and world > 1
     if args.sync_bn == "torch" and world > 1:
         net = nn.SyncBatchNorm.convert_sync_batchnorm(net)
-    elif args.sync_bn == "volt" and world > 1:
+    elif volt_layers:
         net = layers.apply(net)  # as trainer=ddp does
     if compile_mode != "off":
         net.compile(mode=compile_mode)  # in place, under DDP's wrapper: as volt's compile= does
@@ -134,7 +134,7 @@ def plain_rank(
         write_trace(profiler, Path(args.trace, f"{side}-{compile_mode}-{world}gpu-rank{rank}"))
     if rank == 0:
         results.write_text(json.dumps(rates))
-    if args.sync_bn == "volt" and world > 1:
+    if volt_layers:
         layers.revert(net)  # as a fit's end does: frees CUDA graphs holding the layers' collectives
     dist.destroy_process_group()
 

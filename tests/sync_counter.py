@@ -167,9 +167,9 @@ class _SyncingOps(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}
-        if self._waits(func, args, kwargs):
-            self.tally.add("syncs", str(func.overloadpacket.__name__))
         name = str(func.overloadpacket.__name__)
+        if self._waits(func, args, kwargs):
+            self.tally.add("syncs", name)
         if func.namespace == "_c10d_functional" and name in _FUNCTIONAL_COLLECTIVES:
             self.tally.add("collectives", name)
         return func(*args, **kwargs)
